@@ -1,0 +1,26 @@
+"""TARPO: token-wise latent/explicit routing trained with GRPO-style RL."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+here = Path(__file__).parent
+requirements = [
+    line.strip() for line in (here / "requirements.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+
+setup(
+    name="tarpo",
+    version="0.1.0",
+    description="TARPO: Token-wise latent-explicit reasoning via action-routing policy optimization",
+    long_description=(here / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["tarpo", "tarpo.*"]),
+    install_requires=requirements,
+    extras_require={
+        "gpu": ["unsloth==2026.10.7", "unsloth_zoo==2026.10.7"],
+        "dev": ["pytest==9.2.0"],
+    },
+)

@@ -1,0 +1,46 @@
+"""Uniform access to a causal LM's parts: input embedding, decoder, ``lm_head``.
+
+The rollout and the trainer never call ``model(...)``: they feed ``inputs_embeds`` to the
+decoder, which returns the **normed** final hidden state ``h_t`` (the exact ``lm_head``
+input the router reads, DESIGN §1), and apply the head themselves. A PEFT model works
+unchanged: LoRA layers live inside the decoder, and ``peft_model.disable_adapter()``
+turns them off for the reference pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The ``*ForCausalLM`` under a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class Backbone:
+    def __init__(self, model: nn.Module):
+        base = unwrap(model)
+        self.model = model
+        self.decoder = base.get_decoder()
+        self.lm_head = base.get_output_embeddings()
+        self.embedding = base.get_input_embeddings()
+        self.config = base.config
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        return self.embedding.weight
+
+    def hidden(self, inputs_embeds, attention_mask, position_ids, cache=None) -> torch.Tensor:
+        """Normed final hidden states [B, L, d]; ``cache`` is extended in place."""
+        out = self.decoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                           position_ids=position_ids, past_key_values=cache, use_cache=cache is not None)
+        return out.last_hidden_state
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids for left-padded rows: 0 at each row's first real token (as ``generate``)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

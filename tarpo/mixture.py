@@ -1,0 +1,61 @@
+"""The one function that builds model inputs from a rollout's record (DESIGN §1).
+
+A hard step feeds the sampled token's embedding ``E(v_t)``. A soft step feeds
+
+    u_t = sum_i w_t[i] * E(K_t[i]),   K_t = top-k(z_t / T_s),   w_t = softmax(z_t / T_s)[K_t] renormalised
+
+The rollout calls :func:`build_inputs_embeds` once per decode step with ``[B]``-shaped
+records, the trainer once per batch with ``[B, T]``-shaped ones: the same ids and fp32
+weights give bit-identical inputs. Only k rows of ``E`` are gathered per soft step,
+never a full-vocabulary product.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def soft_topk(scaled_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k ids of tempered logits and their softmax weights (fp32, sum to 1).
+
+    Worked example, T_s already applied::
+
+        >>> ids, w = soft_topk(torch.tensor([[0.0, 2.0, 1.0]]), 2)
+        >>> ids.tolist(), [round(x, 4) for x in w[0].tolist()]
+        ([[1, 2]], [0.7311, 0.2689])
+    """
+    values, ids = torch.topk(scaled_logits.float(), k, dim=-1)
+    return ids, torch.softmax(values, dim=-1)
+
+
+def build_inputs_embeds(
+    embedding: torch.Tensor,
+    token_ids: torch.Tensor,
+    soft_ids: torch.Tensor,
+    soft_weights: torch.Tensor,
+    is_soft: torch.Tensor,
+    chunk_size: int = 4096,
+) -> torch.Tensor:
+    """Input embeddings for recorded steps of any leading shape ``S``.
+
+    Args:
+        embedding: the input embedding matrix ``E`` [V, d].
+        token_ids: sampled ids ``v_t`` [*S] (placeholders at soft steps).
+        soft_ids, soft_weights: top-k ids [*S, k] and fp32 weights [*S, k]; read only where soft.
+        is_soft: bool [*S], the router's action ``d_t == soft``.
+        chunk_size: soft positions mixed at a time, bounding the [n, k, d] gather.
+
+    Returns ``E[token_ids]`` with soft positions replaced by the fp32 mixture, cast to
+    ``E``'s dtype.
+    """
+    out = embedding[token_ids]
+    where = is_soft.nonzero(as_tuple=True)
+    if where[0].numel() == 0:
+        return out
+    ids, weights = soft_ids[where], soft_weights[where].float()
+    mixed = torch.cat([
+        torch.einsum("nk,nkd->nd", weights[s:s + chunk_size], embedding[ids[s:s + chunk_size]].float())
+        for s in range(0, ids.shape[0], chunk_size)
+    ])
+    out[where] = mixed.to(out.dtype)
+    return out

@@ -1,0 +1,205 @@
+"""The hybrid decode loop of DESIGN §1: one batched forward per step, KV cache reused.
+
+At step t every live row samples a token ``v_t ~ pi(.|s_t)``. While a row is thinking,
+a routing rule picks ``d_t``: hard feeds ``E(v_t)`` next, soft feeds the top-k mixture
+(:func:`tarpo.mixture.build_inputs_embeds`, the same function the trainer uses). Once
+the answer tag has been emitted, or at EOS, inputs are hard and no decision is made.
+
+Which steps carry a router decision: a step's decision builds the *next* input, so it
+is recorded exactly when a next input exists and the row is still thinking after
+``v_t``: not at the step that completes the tag, not at EOS, not at the last allowed
+step. ``Rollout.decided`` marks those steps; they are the thinking steps of the
+objective (L_act, the action KL and delta_t).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from transformers import DynamicCache
+
+from .backbone import Backbone, positions_from_mask
+from .config import ROUTING_MODES
+from .mixture import build_inputs_embeds, soft_topk
+from .sampling import entropy_from_logits, filter_logits, sample_tokens
+from .tagging import TagTracker
+
+
+@dataclass
+class RolloutSpec:
+    """Decode settings; :meth:`from_config` reads them from a :class:`TarpoConfig`."""
+
+    max_new_tokens: int
+    temperature: float = 0.5
+    top_k: int = 0
+    top_p: float = 1.0
+    soft_top_k: int = 30
+    routing: str = "learned"
+    entropy_threshold: float = 0.5
+    router_greedy: bool = False
+    greedy: bool = False  # argmax tokens (evaluation's greedy accuracy)
+    answer_tag: str = "####"
+    compact_finished_rows: bool = True
+
+    def __post_init__(self):
+        if self.routing not in ROUTING_MODES:
+            raise ValueError(f"RolloutSpec.routing={self.routing!r}: must be one of {ROUTING_MODES}")
+
+    @classmethod
+    def from_config(cls, config, **overrides) -> "RolloutSpec":
+        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy"}
+        kwargs = {n: getattr(config, n) for n in names}
+        kwargs["max_new_tokens"] = config.max_completion_length
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+
+@dataclass
+class Rollout:
+    """Everything a batch of trajectories recorded; [B, T] tensors unless noted."""
+
+    prompt_ids: torch.Tensor          # [B, P], left-padded
+    prompt_mask: torch.Tensor         # [B, P]
+    token_ids: torch.Tensor           # v_t; pad after the end
+    completion_mask: torch.Tensor     # bool: step exists (up to and including EOS)
+    is_soft: torch.Tensor             # bool: d_t = soft (the next input was a mixture)
+    decided: torch.Tensor             # bool: a router decision was made (thinking step)
+    soft_ids: torch.Tensor            # [B, T, k]; valid where is_soft
+    soft_weights: torch.Tensor        # [B, T, k] fp32; valid where is_soft
+    p_soft: torch.Tensor              # fp32 rho(soft|h_t) where decided under learned routing, else 0
+    entropy: torch.Tensor             # fp32 entropy of softmax(z_t / T_s), nats
+    ended_with_eos: torch.Tensor      # [B] bool
+
+    @property
+    def units(self) -> torch.Tensor:
+        """Generated units per row, hard + soft (T_i of DESIGN §2)."""
+        return self.completion_mask.sum(-1)
+
+    @property
+    def hard_tokens(self) -> torch.Tensor:
+        return (self.completion_mask & ~self.is_soft).sum(-1)
+
+    def select(self, index) -> "Rollout":
+        return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+def _route(spec, router, hidden, entropy, decide, generator):
+    """d_t (bool, True = soft) and rho(soft|h_t) for the rows in ``decide``."""
+    p_soft = torch.zeros_like(entropy)
+    if spec.routing == "hard":
+        return torch.zeros_like(decide), p_soft
+    if spec.routing == "soft":
+        return decide.clone(), p_soft
+    if spec.routing == "entropy":
+        return decide & (entropy > spec.entropy_threshold), p_soft
+    p_soft = router.log_probs(hidden)[:, 1].exp()
+    if spec.router_greedy:
+        soft = p_soft > 0.5
+    else:
+        soft = torch.rand(p_soft.shape, device=p_soft.device, generator=generator) < p_soft
+    return decide & soft, torch.where(decide, p_soft, torch.zeros_like(p_soft))
+
+
+@torch.no_grad()
+def hybrid_generate(
+    backbone: Backbone,
+    router,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    spec: RolloutSpec,
+    piece,
+    eos_token_ids,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Decode a batch of left-padded prompts with per-step hard/soft inputs.
+
+    Args:
+        backbone: the policy (:class:`Backbone`).
+        router: a :class:`tarpo.router.Router`; needed only for ``learned`` routing.
+        piece: token id -> text, drives the answer-tag tracker (:func:`tagging.token_piece_fn`).
+        eos_token_ids: ids that end a row.
+        generator: optional RNG; ``None`` uses torch's global stream like ``generate``.
+    """
+    if spec.routing == "learned" and router is None:
+        raise ValueError("routing='learned' needs a router")
+    device = prompt_ids.device
+    B, T, k = prompt_ids.shape[0], spec.max_new_tokens, spec.soft_top_k
+    E = backbone.embed_weight
+    eos = torch.as_tensor(list(eos_token_ids), device=device)
+
+    rec = dict(
+        token_ids=torch.full((B, T), pad_token_id, dtype=torch.long, device=device),
+        completion_mask=torch.zeros(B, T, dtype=torch.bool, device=device),
+        is_soft=torch.zeros(B, T, dtype=torch.bool, device=device),
+        decided=torch.zeros(B, T, dtype=torch.bool, device=device),
+        soft_ids=torch.zeros(B, T, k, dtype=torch.long, device=device),
+        soft_weights=torch.zeros(B, T, k, dtype=torch.float32, device=device),
+        p_soft=torch.zeros(B, T, dtype=torch.float32, device=device),
+        entropy=torch.zeros(B, T, dtype=torch.float32, device=device),
+    )
+    ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
+    tracker = TagTracker(piece, spec.answer_tag, B)
+
+    # Active sub-batch: `rows` maps its positions to original rows; `alive` is False for
+    # rows that ended but were kept (compaction off), which are then ignored.
+    rows = torch.arange(B, device=device)
+    alive = torch.ones(B, dtype=torch.bool, device=device)
+    mask = prompt_mask.long()
+    pos = positions_from_mask(mask)
+    cache = DynamicCache(config=backbone.config)
+    hidden = backbone.hidden(E[prompt_ids], mask, pos, cache)[:, -1]
+    next_pos = pos[:, -1] + 1
+
+    steps = 0
+    for t in range(T):
+        steps = t + 1
+        logits = backbone.logits(hidden).float()
+        tokens = sample_tokens(filter_logits(logits, spec.temperature, spec.top_k, spec.top_p),
+                               spec.greedy, generator)
+        scaled = logits / spec.temperature
+        entropy = entropy_from_logits(scaled)
+
+        live_rows = rows[alive]
+        live_tokens = tokens[alive]
+        tracker.update(live_rows.tolist(), live_tokens.tolist())
+        thinking = torch.tensor([tracker.thinking[r] for r in rows.tolist()], device=device)
+        is_eos = torch.isin(tokens, eos)
+        decide = alive & thinking & ~is_eos & (t < T - 1)
+        soft, p_soft = _route(spec, router, hidden, entropy, decide, generator)
+
+        rec["token_ids"][live_rows, t] = live_tokens
+        rec["completion_mask"][live_rows, t] = True
+        rec["is_soft"][rows, t] = soft
+        rec["decided"][rows, t] = decide
+        rec["p_soft"][rows, t] = p_soft
+        rec["entropy"][live_rows, t] = entropy[alive]
+        soft_ids = soft_w = None
+        if soft.any():
+            soft_ids, soft_w = soft_topk(scaled[soft], k)
+            rec["soft_ids"][rows[soft], t] = soft_ids
+            rec["soft_weights"][rows[soft], t] = soft_w
+
+        ended = alive & is_eos
+        ended_with_eos[rows[ended]] = True
+        alive = alive & ~is_eos
+        if t == T - 1 or not alive.any():
+            break
+
+        # Next inputs: E(v_t) for hard rows, the mixture for soft rows (one shared function).
+        full_ids = torch.zeros(tokens.shape[0], k, dtype=torch.long, device=device)
+        full_w = torch.zeros(tokens.shape[0], k, dtype=torch.float32, device=device)
+        if soft_ids is not None:
+            full_ids[soft], full_w[soft] = soft_ids, soft_w
+        inputs = build_inputs_embeds(E, tokens, full_ids, full_w, soft)
+        if spec.compact_finished_rows and not alive.all():
+            keep = alive.nonzero(as_tuple=True)[0]
+            cache.reorder_cache(keep)
+            rows, alive, mask, next_pos, inputs = rows[keep], alive[keep], mask[keep], next_pos[keep], inputs[keep]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        hidden = backbone.hidden(inputs[:, None], mask, next_pos[:, None], cache)[:, -1]
+        next_pos = next_pos + 1
+
+    rec = {name: value[:, :steps] for name, value in rec.items()}
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, ended_with_eos=ended_with_eos, **rec)
