@@ -37,6 +37,13 @@ class Backbone:
                            position_ids=position_ids, past_key_values=cache, use_cache=cache is not None)
         return out.last_hidden_state
 
+    def adapter_disabled(self):
+        """Context in which the backbone is the reference pi_ref (LoRA adapter off)."""
+        if not hasattr(self.model, "disable_adapter"):
+            raise ValueError("a KL penalty (beta > 0) needs a PEFT model: the reference is the backbone "
+                             "with its adapter disabled")
+        return self.model.disable_adapter()
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from .backbone import Backbone, positions_from_mask
 from .config import ROUTING_MODES
 from .mixture import build_inputs_embeds, soft_topk
-from .sampling import entropy_from_logits, filter_logits, sample_tokens
+from .sampling import filter_logits, logprobs_and_entropy, sample_tokens
 from .tagging import TagTracker
 
 
@@ -69,6 +69,7 @@ class Rollout:
     soft_weights: torch.Tensor        # [B, T, k] fp32; valid where is_soft
     p_soft: torch.Tensor              # fp32 rho(soft|h_t) where decided under learned routing, else 0
     entropy: torch.Tensor             # fp32 entropy of softmax(z_t / T_s), nats
+    logp: torch.Tensor                # fp32 log softmax(z_t / T_s)[v_t] at sampling time
     ended_with_eos: torch.Tensor      # [B] bool
 
     @property
@@ -138,6 +139,7 @@ def hybrid_generate(
         soft_weights=torch.zeros(B, T, k, dtype=torch.float32, device=device),
         p_soft=torch.zeros(B, T, dtype=torch.float32, device=device),
         entropy=torch.zeros(B, T, dtype=torch.float32, device=device),
+        logp=torch.zeros(B, T, dtype=torch.float32, device=device),
     )
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
     tracker = TagTracker(piece, spec.answer_tag, B)
@@ -159,7 +161,7 @@ def hybrid_generate(
         tokens = sample_tokens(filter_logits(logits, spec.temperature, spec.top_k, spec.top_p),
                                spec.greedy, generator)
         scaled = logits / spec.temperature
-        entropy = entropy_from_logits(scaled)
+        logp_all, entropy = logprobs_and_entropy(scaled)
 
         live_rows = rows[alive]
         live_tokens = tokens[alive]
@@ -175,6 +177,7 @@ def hybrid_generate(
         rec["decided"][rows, t] = decide
         rec["p_soft"][rows, t] = p_soft
         rec["entropy"][live_rows, t] = entropy[alive]
+        rec["logp"][live_rows, t] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)[alive]
         soft_ids = soft_w = None
         if soft.any():
             soft_ids, soft_w = soft_topk(scaled[soft], k)

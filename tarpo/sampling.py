@@ -31,10 +31,10 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
     return scores
 
 
-def entropy_from_logits(scaled_logits: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of softmax(scaled_logits) over the last axis (fp32)."""
+def logprobs_and_entropy(scaled_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(scaled_logits) and its entropy in nats, over the last axis (fp32)."""
     logp = torch.log_softmax(scaled_logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return logp, -(logp.exp() * logp).sum(-1)
 
 
 def sample_tokens(filtered_scores: torch.Tensor, greedy: bool = False,

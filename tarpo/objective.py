@@ -1,0 +1,121 @@
+"""The TARPO objective of DESIGN §2 as pure functions of per-step tensors.
+
+Shapes: ``[B, T]`` per trajectory and completion step, ``[B]`` per trajectory. Masks are
+bool. Nothing here touches a model: :mod:`tarpo.scoring` produces the log-probs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std(r) + eps) within consecutive groups of ``group_size``.
+
+    ``std`` is the sample standard deviation (Bessel-corrected, as TRL's GRPO). A group
+    whose rewards are all equal gets A = 0, never NaN.
+
+    >>> group_advantages(torch.tensor([1., 0., 0., 0., 1., 1., 1., 1.]), 4)
+    tensor([ 1.4997, -0.4999, -0.4999, -0.4999,  0.0000,  0.0000,  0.0000,  0.0000])
+    """
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    grouped = rewards.float().view(-1, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centred)
+    return (centred / (std + eps)).view(-1)
+
+
+def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-step k3 estimate of KL(pi || pi_ref): exp(q - p) - (q - p) - 1, q = ref_logp (>= 0)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def two_class_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Exact KL(rho || rho_ref) from log-probs [..., 2] over the last axis."""
+    return (logp.exp() * (logp - ref_logp)).sum(-1)
+
+
+def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps_high=None):
+    """Per-step surrogate whose gradient is -A * grad log p.
+
+    On-policy (``old_logp`` None, one gradient step per batch) it is ``-logp * A``, the
+    form of DESIGN §2. With several steps per batch it is PPO's clipped ratio form
+    ``-min(r A, clip(r, 1-eps, 1+eps_high) A)``, ``r = exp(logp - old_logp)``.
+    """
+    adv = advantages[:, None]
+    if old_logp is None:
+        return -logp * adv
+    ratio = torch.exp(logp - old_logp)
+    clipped = ratio.clamp(1 - clip_eps, 1 + (clip_eps if clip_eps_high is None else clip_eps_high))
+    return -torch.min(ratio * adv, clipped * adv)
+
+
+def tarpo_loss(
+    *,
+    logp_tok: torch.Tensor,
+    logp_act: torch.Tensor,
+    p_hard: torch.Tensor,
+    kl_tok: torch.Tensor,
+    kl_act: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    is_soft: torch.Tensor,
+    decided: torch.Tensor,
+    lambda_act: float,
+    beta: float,
+    alpha: float,
+    use_router: bool = True,
+    detach_kl_weight: bool = True,
+    old_logp_tok: torch.Tensor | None = None,
+    old_logp_act: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The TARPO loss (DESIGN §2), averaged over the trajectories of the batch::
+
+        L_tok_i = -(1/T_i) sum_t 1[d_t = hard] log pi(v_t|s_t) A_i
+        L_act_i = -(1/T_i) sum_{t in thinking} log rho(d_t|h_t) A_i
+        L_KL_i  =  (1/T_i) sum_t [delta_t KL_tok_t + alpha 1[t in thinking] KL_act_t]
+        L       =  mean_i [L_tok_i + lambda L_act_i + beta L_KL_i]
+
+    with ``T_i`` the trajectory's units (hard + soft), thinking steps = ``decided`` (steps
+    where the router chose the next input), ``delta_t = rho(hard|h_t)`` at thinking steps
+    (detached unless ``detach_kl_weight`` is False) and 1 elsewhere. ``mean_i`` over a batch of
+    whole groups equals the mean over groups of ``(1/G) sum_i``.
+
+    Without a learned router (``use_router`` False: routing hard / soft / entropy) the
+    action terms vanish and delta_t = 1; soft steps still leave L_tok (their token is a
+    placeholder that was never fed to the model).
+
+    Args are [B, T] tensors except ``advantages`` [B]; ``logp_act`` is log rho of the
+    action taken, ``kl_tok`` the per-step token KL (k3 or full), ``kl_act`` the per-step
+    KL(rho || rho_ref). Returns the scalar loss and its per-term means (detached).
+    """
+    mask = completion_mask.float()
+    inv_len = 1.0 / completion_mask.sum(-1).clamp(min=1).float()
+    hard = (completion_mask & ~is_soft).float()
+    thinking = (completion_mask & decided).float() if use_router else torch.zeros_like(mask)
+
+    pg_tok = policy_gradient_term(logp_tok, advantages, old_logp_tok, clip_eps, clip_eps_high)
+    l_tok = (pg_tok * hard).sum(-1) * inv_len
+    if use_router:
+        pg_act = policy_gradient_term(logp_act, advantages, old_logp_act, clip_eps, clip_eps_high)
+        l_act = (pg_act * thinking).sum(-1) * inv_len
+        delta = p_hard.detach() if detach_kl_weight else p_hard
+        delta = torch.where(thinking.bool(), delta, torch.ones_like(delta))
+        kl_act_sum = (kl_act * thinking).sum(-1) * inv_len
+    else:
+        l_act = torch.zeros_like(l_tok)
+        delta = torch.ones_like(mask)
+        kl_act_sum = torch.zeros_like(l_tok)
+    kl_tok_sum = (delta * kl_tok * mask).sum(-1) * inv_len
+    l_kl = kl_tok_sum + alpha * kl_act_sum
+
+    loss = (l_tok + lambda_act * l_act + beta * l_kl).mean()
+    terms = {
+        "loss_tok": l_tok.mean(), "loss_act": l_act.mean(), "loss_kl": l_kl.mean(),
+        "kl_tok": kl_tok_sum.mean(), "kl_act": kl_act_sum.mean(),
+    }
+    return loss, {k: v.detach() for k, v in terms.items()}

@@ -1,0 +1,96 @@
+import math
+
+import torch
+
+from tarpo.objective import group_advantages, k3, tarpo_loss, two_class_kl
+
+
+def test_group_advantages_hand_values_and_zero_spread():
+    a = group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0, 2.0, 2.0, 2.0, 2.0]), 4)
+    std = math.sqrt(1 / 3)  # sample std of [1, 0, 1, 0]
+    torch.testing.assert_close(a[:4], torch.tensor([0.5, -0.5, 0.5, -0.5]) / (std + 1e-4))
+    assert torch.equal(a[4:], torch.zeros(4))
+    assert torch.isfinite(a).all()
+
+
+def test_k3_and_two_class_kl():
+    p, q = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    torch.testing.assert_close(k3(p, q), torch.tensor([0.5 - math.log(0.5) - 1]))
+    rho = torch.log(torch.tensor([[0.9, 0.1]]))
+    ref = torch.log(torch.tensor([[0.99, 0.01]]))
+    expected = 0.9 * math.log(0.9 / 0.99) + 0.1 * math.log(0.1 / 0.01)
+    torch.testing.assert_close(two_class_kl(rho, ref), torch.tensor([expected]))
+
+
+def example():
+    """Two trajectories, T = 4 slots. Row 0: thinking, thinking(soft), answer, answer.
+    Row 1: thinking, answer, then padding."""
+    return dict(
+        logp_tok=torch.tensor([[-1.0, -2.0, -0.5, -0.25], [-3.0, -1.5, 0.0, 0.0]]),
+        logp_act=torch.tensor([[-0.1, -2.3, 0.0, 0.0], [-0.2, 0.0, 0.0, 0.0]]),
+        p_hard=torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.95, 0.5, 0.5, 0.5]]),
+        kl_tok=torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 9.0, 9.0]]),
+        kl_act=torch.tensor([[0.01, 0.02, 5.0, 5.0], [0.03, 5.0, 5.0, 5.0]]),
+        advantages=torch.tensor([1.0, -2.0]),
+        completion_mask=torch.tensor([[True, True, True, True], [True, True, False, False]]),
+        is_soft=torch.tensor([[False, True, False, False], [False, False, False, False]]),
+        decided=torch.tensor([[True, True, False, False], [True, False, False, False]]),
+    )
+
+
+def test_loss_terms_by_hand():
+    lam, beta, alpha = 0.1, 0.005, 1.0
+    loss, terms = tarpo_loss(**example(), lambda_act=lam, beta=beta, alpha=alpha)
+    # L_tok: soft step (row 0, t=1) excluded; T_0 = 4, T_1 = 2.
+    l_tok0 = -(-1.0 - 0.5 - 0.25) / 4 * 1.0
+    l_tok1 = -(-3.0 - 1.5) / 2 * -2.0
+    # L_act: only thinking (decided) steps; answer steps excluded even with big values.
+    l_act0 = -(-0.1 - 2.3) / 4 * 1.0
+    l_act1 = -(-0.2) / 2 * -2.0
+    # L_KL: delta = p_hard at thinking steps, 1 in the answer phase; kl_act only thinking.
+    l_kl0 = (0.9 * 0.1 + 0.8 * 0.2 + 1 * 0.3 + 1 * 0.4 + alpha * (0.01 + 0.02)) / 4
+    l_kl1 = (0.95 * 0.5 + 1 * 0.6 + alpha * 0.03) / 2
+    expected = ((l_tok0 + lam * l_act0 + beta * l_kl0) + (l_tok1 + lam * l_act1 + beta * l_kl1)) / 2
+    torch.testing.assert_close(loss, torch.tensor(expected))
+    torch.testing.assert_close(terms["loss_tok"], torch.tensor((l_tok0 + l_tok1) / 2))
+    torch.testing.assert_close(terms["loss_act"], torch.tensor((l_act0 + l_act1) / 2))
+    torch.testing.assert_close(terms["loss_kl"], torch.tensor((l_kl0 + l_kl1) / 2))
+
+
+def test_without_router_action_terms_vanish_and_delta_is_one():
+    loss, terms = tarpo_loss(**example(), lambda_act=0.1, beta=1.0, alpha=1.0, use_router=False)
+    assert terms["loss_act"] == 0 and terms["kl_act"] == 0
+    kl0 = (0.1 + 0.2 + 0.3 + 0.4) / 4
+    kl1 = (0.5 + 0.6) / 2
+    torch.testing.assert_close(terms["loss_kl"], torch.tensor((kl0 + kl1) / 2))
+
+
+def test_delta_gradient_switch():
+    ex = example()
+    ex["p_hard"] = ex["p_hard"].clone().requires_grad_(True)
+    loss, _ = tarpo_loss(**ex, lambda_act=0.0, beta=1.0, alpha=0.0, detach_kl_weight=True)
+    assert not loss.requires_grad or torch.autograd.grad(loss, ex["p_hard"], allow_unused=True)[0] is None
+    loss, _ = tarpo_loss(**ex, lambda_act=0.0, beta=1.0, alpha=0.0, detach_kl_weight=False)
+    g = torch.autograd.grad(loss, ex["p_hard"])[0]
+    # d loss / d p_hard[0, 0] = kl_tok[0, 0] / T_0 / B = 0.1 / 4 / 2; answer steps get none.
+    torch.testing.assert_close(g[0, 0], torch.tensor(0.1 / 4 / 2))
+    assert g[0, 2] == 0 and g[1, 1] == 0
+
+
+def test_zero_spread_group_gives_zero_gradient_not_nan():
+    ex = example()
+    ex["advantages"] = group_advantages(torch.tensor([1.0, 1.0]), 2)
+    ex["logp_tok"] = ex["logp_tok"].clone().requires_grad_(True)
+    loss, _ = tarpo_loss(**ex, lambda_act=0.1, beta=0.0, alpha=1.0)
+    g = torch.autograd.grad(loss, ex["logp_tok"])[0]
+    assert torch.isfinite(loss) and torch.equal(g, torch.zeros_like(g))
+
+
+def test_clipped_ratio_form_equals_reinforce_gradient_on_policy():
+    ex = example()
+    ex["logp_tok"] = ex["logp_tok"].clone().requires_grad_(True)
+    loss_a, _ = tarpo_loss(**ex, lambda_act=0.0, beta=0.0, alpha=0.0)
+    loss_b, _ = tarpo_loss(**ex, lambda_act=0.0, beta=0.0, alpha=0.0, old_logp_tok=ex["logp_tok"].detach())
+    ga = torch.autograd.grad(loss_a, ex["logp_tok"])[0]
+    gb = torch.autograd.grad(loss_b, ex["logp_tok"])[0]
+    torch.testing.assert_close(ga, gb)

@@ -1,0 +1,138 @@
+import pytest
+import torch
+
+from helpers import BiasedBackbone, ScriptedBackbone, decode_kwargs, encode_prompts
+from tarpo.backbone import Backbone
+from tarpo.rollout import RolloutSpec, hybrid_generate
+from tarpo.router import Router
+from tarpo.scoring import score_rollout, sequence_hidden
+
+PROMPTS = ["what is 2+3?", "hi", "a longer prompt here"]
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (20, 0.9)])
+def test_hard_routing_reproduces_generate(model, tokenizer, top_k, top_p):
+    enc = encode_prompts(tokenizer, PROMPTS)
+    spec = RolloutSpec(max_new_tokens=48, temperature=0.7, top_k=top_k, top_p=top_p, routing="hard",
+                       compact_finished_rows=False)
+    torch.manual_seed(3)
+    ours = hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    torch.manual_seed(3)
+    ref = model.generate(**enc, do_sample=True, temperature=0.7, top_k=top_k, top_p=top_p, max_new_tokens=48,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    ref = ref[:, enc.input_ids.shape[1]:]
+    T = ours.token_ids.shape[1]
+    assert torch.equal(ours.token_ids, ref[:, :T])
+    assert (ref[:, T:] == tokenizer.pad_token_id).all()
+    assert not ours.is_soft.any()
+
+
+def _mixed_rollout(model, tokenizer, compact, eos_bias=0.0):
+    torch.manual_seed(0)
+    bias = torch.zeros(model.config.vocab_size)
+    bias[tokenizer.eos_token_id] = eos_bias
+    backbone = BiasedBackbone(model, bias)
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0])  # ~50% soft
+    enc = encode_prompts(tokenizer, PROMPTS)
+    spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, routing="learned",
+                       answer_tag="####", compact_finished_rows=compact)
+    out = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    return backbone, router, out
+
+
+def test_cached_decode_equals_full_forward_with_padding_and_mixed_rows(model, tokenizer):
+    backbone, router, out = _mixed_rollout(model, tokenizer, compact=False)
+    assert out.is_soft.any() and (out.completion_mask & ~out.is_soft).any()
+    assert (out.prompt_mask == 0).any()  # left padding present
+    # Logits seen step by step by the cached loop vs one forward over the rebuilt inputs.
+    seen = []
+    orig = backbone.logits
+    backbone.logits = lambda h: seen.append(orig(h)) or seen[-1]
+    torch.manual_seed(0)
+    Router(model.config.hidden_size, bias=[0.0, 0.0])
+    enc = encode_prompts(tokenizer, PROMPTS)
+    spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, compact_finished_rows=False)
+    again = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    backbone.logits = orig
+    assert torch.equal(again.token_ids, out.token_ids)
+    with torch.no_grad():
+        full = backbone.logits(sequence_hidden(backbone, out))
+    for t, step_logits in enumerate(seen):
+        rows = out.completion_mask[:, t]
+        torch.testing.assert_close(step_logits[rows], full[rows, t], atol=1e-4, rtol=0)
+
+
+def test_compacted_rollout_scores_match_full_forward(model, tokenizer):
+    backbone, router, out = _mixed_rollout(model, tokenizer, compact=True, eos_bias=4.0)
+    units = out.units
+    assert units.min() < units.max(), "rows should finish at different steps"
+    assert out.ended_with_eos.any()
+    with torch.no_grad():
+        scores = score_rollout(backbone, router, None, out, temperature=0.8, chunk_size=7,
+                               use_router=True, with_reference=False)
+    m = out.completion_mask
+    torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
+    p_soft = 1 - scores.p_hard
+    torch.testing.assert_close(p_soft[out.decided], out.p_soft[out.decided], atol=1e-4, rtol=0)
+
+
+def test_tag_and_eos_state_machine(model, tokenizer):
+    ids = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    h = tokenizer.convert_tokens_to_ids("#")
+    script = [
+        ids("ab") + [h, h] + [h, h] + ids("42") + [eos],   # tag split over four steps
+        ids("xyz") + ids("####") + ids("7") + [eos],        # tag as one token
+        ids("no tag at all, ever") + [eos],
+    ]
+    backbone = ScriptedBackbone(model, script, model.config.vocab_size)
+    enc = encode_prompts(tokenizer, ["q1", "q2", "q3"])
+    spec = RolloutSpec(max_new_tokens=30, routing="soft", soft_top_k=3, compact_finished_rows=False)
+    out = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    for r, seq in enumerate(script):
+        n = len(seq)
+        assert out.token_ids[r, :n].tolist() == seq
+        assert out.completion_mask[r].tolist() == [True] * n + [False] * (out.token_ids.shape[1] - n)
+        assert (out.token_ids[r, n:] == pad).all() and (out.entropy[r, n:] == 0).all()
+        assert not out.is_soft[r, n:].any() and not out.decided[r, n:].any()
+    # Row 0: "a","b","#","#","#" decide (still thinking); the 4th "#" completes the tag.
+    assert out.decided[0, :7].tolist() == [True] * 5 + [False] * 2
+    assert out.decided[1, :5].tolist() == [True] * 3 + [False] * 2
+    # Row 2 never emits the tag: every step but EOS is a (soft) thinking decision.
+    assert out.decided[2, : len(script[2]) - 1].all() and not out.decided[2, len(script[2]) - 1]
+    assert torch.equal(out.is_soft, out.decided)  # routing "soft": thinking steps are all soft
+    assert out.ended_with_eos.all()
+
+
+def test_length_limit_truncates_without_eos(model, tokenizer):
+    enc = encode_prompts(tokenizer, ["q"])
+    script = [tokenizer("abcdefgh", add_special_tokens=False)["input_ids"]]
+    backbone = ScriptedBackbone(model, script, model.config.vocab_size)
+    spec = RolloutSpec(max_new_tokens=5, routing="soft", compact_finished_rows=False)
+    out = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    assert out.units.tolist() == [5] and not out.ended_with_eos.any()
+    assert out.decided[0].tolist() == [True] * 4 + [False]  # the last step feeds nothing
+
+
+def test_entropy_routing_rule(model, tokenizer):
+    enc = encode_prompts(tokenizer, PROMPTS)
+    hard = hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask,
+                           RolloutSpec(max_new_tokens=30, temperature=0.5, routing="hard"), **decode_kwargs(tokenizer))
+    threshold = hard.entropy[hard.decided].median().item()
+    spec = RolloutSpec(max_new_tokens=30, temperature=0.5, routing="entropy", entropy_threshold=threshold)
+    out = hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    assert torch.equal(out.is_soft, out.decided & (out.entropy > threshold))
+    assert out.is_soft.any() and (out.decided & ~out.is_soft).any()
+
+
+def test_learned_routing_soft_share_follows_router_bias(model, tokenizer):
+    enc = encode_prompts(tokenizer, PROMPTS * 4)
+    torch.manual_seed(2)
+    router = Router(model.config.hidden_size, bias=[2.2, 0.0], init_std=0.0)  # rho(soft) = 1/(1+e^2.2)
+    spec = RolloutSpec(max_new_tokens=40, routing="learned")
+    out = hybrid_generate(Backbone(model), router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    expected = 1 / (1 + torch.exp(torch.tensor(2.2)))
+    torch.testing.assert_close(out.p_soft[out.decided], expected.expand(int(out.decided.sum())))
+    share = out.is_soft[out.decided].float().mean()
+    assert abs(share - expected) < 0.05
+    assert not out.is_soft[~out.decided].any()
