@@ -10,11 +10,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from trl import GRPOConfig
 
 ROUTING_MODES = ("learned", "hard", "soft", "entropy")
 TOKEN_KL_MODES = ("k3", "full")
 HARD, SOFT = 0, 1  # router action indices (DESIGN §1: index 0 = hard, 1 = soft)
+
+
+def resolve_optimizer(name: str) -> str:
+    """The 8-bit optimizers need bitsandbytes; paging needs CUDA. Fall back explicitly."""
+    if "8bit" in name or "bnb" in name or name.startswith("paged"):
+        try:
+            import bitsandbytes  # noqa: F401
+        except Exception:
+            return "adamw_torch"
+        if name.startswith("paged") and not torch.cuda.is_available():
+            name = {"paged_adamw_8bit": "adamw_bnb_8bit", "paged_adamw_32bit": "adamw_torch"}.get(name, name)
+    return name
 
 
 @dataclass
@@ -33,6 +46,11 @@ class TarpoConfig(GRPOConfig):
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "LR schedule. Paper: cosine (Tab. A)."})
     warmup_ratio: float = field(default=0.1, metadata={"help": "Warm-up fraction. Paper: 0.1 (Tab. A)."})
     num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs. Paper: 1 (Tab. A)."})
+    optim: str = field(
+        default="paged_adamw_8bit",
+        metadata={"help": "Optimizer. Paper: 8-bit AdamW, paged_adamw_8bit (DESIGN §4). Resolved at construction: "
+                  "without CUDA the non-paged adamw_bnb_8bit (bitsandbytes steps CPU tensors); without a working "
+                  "bitsandbytes plain adamw_torch with the same hyper-parameters."})
     disable_dropout: bool = field(default=True, metadata={"help": "Dropout off so policy and reference score the same inputs identically."})
     # ---- routing (DESIGN §1, §2 ablations, §3) ----
     routing: str = field(
@@ -82,6 +100,13 @@ class TarpoConfig(GRPOConfig):
     logprob_chunk_size: int = field(
         default=1024, metadata={"help": "Positions per chunk when scoring log-probs and the full-vocabulary KL, "
                                         "so no full fp32 [B, T, V] tensor is ever held (DESIGN §2)."})
+    # ---- LoRA (DESIGN §4, Tab. A) ----
+    lora_r: int = field(default=32, metadata={"help": "LoRA rank. Paper: 32 (Tab. A)."})
+    lora_alpha: int = field(default=64, metadata={"help": "LoRA alpha. Paper: 64 (Tab. A)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (0: policy and reference score identically)."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata={"help": "Modules that get LoRA. Paper: q, k, v, o (Tab. A)."})
     # ---- lengths (Tab. A) ----
     max_prompt_length: int = field(
         default=1024, metadata={"help": "Prompts longer than this many tokens are truncated from the left "
@@ -92,6 +117,7 @@ class TarpoConfig(GRPOConfig):
                                         "transformers' generate once a row ends; results stay exact."})
 
     def __post_init__(self):
+        self.optim = resolve_optimizer(str(getattr(self.optim, "value", self.optim)))
         super().__post_init__()  # TRL checks generation_batch_size % num_generations, num_generations >= 2
         self.validate_tarpo()
 

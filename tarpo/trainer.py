@@ -1,0 +1,242 @@
+"""``TarpoTrainer``: TRL's ``GRPOTrainer`` with TARPO's generation, scoring and loss.
+
+What is TRL's and kept: the repeat sampler (G consecutive copies of each prompt), the
+reward plumbing (``reward_funcs(prompts=, completions=, completion_ids=, **columns)``),
+buffering of a generation batch over gradient-accumulation steps, logging, PEFT
+set-up, checkpointing and resuming.
+
+What is overridden, and why:
+
+- ``_generate_and_score_completions``: decodes with :func:`tarpo.rollout.hybrid_generate`
+  (per-step hard/soft inputs) and returns the whole rollout record, which survives
+  TRL's shuffle/split of the generation batch because every field is batch-first;
+  advantages are computed here, over whole groups, by :func:`group_advantages`.
+- ``_compute_loss``: rebuilds the inputs, scores policy and reference
+  (:func:`tarpo.scoring.score_rollout`) and applies :func:`tarpo.objective.tarpo_loss`.
+- ``create_optimizer``: two parameter groups, LoRA at ``learning_rate`` and the router
+  at ``router_lr`` (the optimizer itself is ``args.optim``, see ``TarpoConfig.optim``).
+- ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
+  frozen reference router) are saved beside the adapter and restored on resume.
+
+The router is registered as a submodule of the PEFT model's base model, so the Trainer
+zeroes, clips and (under DDP) synchronises its gradients with the LoRA ones.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from peft import LoraConfig, PeftModel
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+
+from .backbone import Backbone, unwrap
+from .config import TarpoConfig
+from .objective import group_advantages, tarpo_loss
+from .rollout import Rollout, RolloutSpec, hybrid_generate
+from .router import Router
+from .scoring import score_rollout
+from .tagging import token_piece_fn
+
+REF_ROUTER_DIR = "router_ref"
+_ROLLOUT_KEYS = [
+    "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
+    "soft_weights", "p_soft", "entropy", "logp", "ended_with_eos",
+]
+
+
+def encode_prompts(tokenizer, prompts, max_length: int, device=None):
+    """Tokenise prompts (chat messages get the chat template and generation prompt),
+    keep the last ``max_length`` tokens of each (left truncation), left-pad.
+
+    Returns ``(ids, mask, n_truncated)``.
+    """
+    rows = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, list):
+            text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        elif isinstance(prompt, str):
+            text = prompt
+        else:
+            raise ValueError(f"prompt of row {i} must be a string or a list of chat messages, got "
+                             f"{type(prompt).__name__}")
+        rows.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    n_truncated = sum(len(r) > max_length for r in rows)
+    rows = [r[-max_length:] for r in rows]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device), n_truncated
+
+
+def check_dataset(dataset, name: str = "train_dataset") -> None:
+    """Fail before any training if the data set is empty or has no ``prompt`` column."""
+    if dataset is None:
+        raise ValueError(f"{name} is required")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty: no rows to train on")
+    columns = getattr(dataset, "column_names", None) or list(dataset[0].keys())
+    if "prompt" not in columns:
+        raise ValueError(f"{name} has no 'prompt' field (columns: {columns})")
+
+
+def lora_config(args: TarpoConfig) -> LoraConfig:
+    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                      target_modules=list(args.lora_target_modules), task_type="CAUSAL_LM")
+
+
+class TarpoTrainer(GRPOTrainer):
+    def __init__(self, model, reward_funcs, args: TarpoConfig, train_dataset, processing_class,
+                 router: Router | None = None, peft_config: LoraConfig | None = None, **kwargs):
+        if not isinstance(args, TarpoConfig):
+            raise TypeError("args must be a TarpoConfig")
+        check_dataset(train_dataset)
+        if peft_config is None and not isinstance(model, PeftModel):
+            peft_config = lora_config(args)
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                         processing_class=processing_class, peft_config=peft_config, **kwargs)
+        base = unwrap(self.accelerator.unwrap_model(self.model))
+        if router is None:
+            router = Router(base.config.hidden_size, bias=args.action_bias, init_std=args.router_init_std,
+                            temperature=args.action_temperature)
+        base.tarpo_router = router.to(self.accelerator.device)
+        self.ref_router = router.frozen_copy()
+        self.piece = token_piece_fn(self.processing_class)
+        self.use_router = args.routing == "learned"
+
+    # ------------------------------------------------------------------ parts
+    @property
+    def router(self) -> Router:
+        return unwrap(self.accelerator.unwrap_model(self.model)).tarpo_router
+
+    def backbone(self) -> Backbone:
+        return Backbone(self.accelerator.unwrap_model(self.model))
+
+    @property
+    def off_policy(self) -> bool:
+        """True when a batch is used after an optimizer step (several iterations, or a
+        generation batch spanning optimizer steps): then the clipped ratio form applies."""
+        return self.args.num_iterations > 1 or self.args.steps_per_generation > self.args.gradient_accumulation_steps
+
+    # ------------------------------------------------------------------ optimizer
+    def create_optimizer(self, model=None):
+        if self.optimizer is not None:
+            return self.optimizer
+        opt_model = self.model if model is None else model
+        args = self.args
+        cls, kwargs = self.get_optimizer_cls_and_kwargs(args, opt_model)
+        router_ids = {id(p) for p in self.router.parameters()}
+        trainable = [p for p in opt_model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in trainable if id(p) not in router_ids], "weight_decay": args.weight_decay},
+            # The router's bias is the soft-rate prior b0; weight decay would erode it.
+            {"params": [p for p in trainable if id(p) in router_ids], "lr": args.router_lr, "weight_decay": 0.0},
+        ]
+        self.optimizer = cls(groups, **kwargs)
+        return self.optimizer
+
+    # ------------------------------------------------------------------ generation
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        device = self.accelerator.device
+        prompts = [x["prompt"] for x in inputs]
+        prompt_ids, prompt_mask, n_trunc = encode_prompts(self.processing_class, prompts,
+                                                          self.args.max_prompt_length, device)
+        spec = RolloutSpec.from_config(self.args, router_greedy=False)
+        model = self.accelerator.unwrap_model(self.model)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            rollout = hybrid_generate(Backbone(model), self.router, prompt_ids, prompt_mask, spec, self.piece,
+                                      self.eos_token_ids, self.processing_class.pad_token_id)
+
+        completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompts[0], list) else texts
+        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)  # all processes
+        rewards = torch.nan_to_num((rewards_per_func * self.reward_weights.to(device)[None]).nansum(1), nan=0.0)
+        advantages = group_advantages(rewards, self.num_generations, self.args.advantage_eps)
+        local = slice(self.accelerator.process_index * len(prompts), (self.accelerator.process_index + 1) * len(prompts))
+
+        self._log_rollout(mode, rollout, rewards, rewards_per_func, n_trunc, prompts, completions)
+        out = {key: getattr(rollout, key) for key in _ROLLOUT_KEYS}
+        out["advantages"] = advantages[local]
+        return out
+
+    def _log_rollout(self, mode, rollout: Rollout, rewards, rewards_per_func, n_trunc, prompts, completions):
+        gather = self.accelerator.gather
+        metrics = self._metrics[mode]
+        mask = rollout.completion_mask
+        units = gather(rollout.units.float())
+        hard = gather(rollout.hard_tokens.float())
+        soft = gather(rollout.is_soft.sum().float()[None]).sum()
+        decided = gather(rollout.decided.sum().float()[None]).sum()
+        p_soft = gather(rollout.p_soft[rollout.decided].sum()[None]).sum()
+        entropy = gather(rollout.entropy[mask].sum()[None]).sum()
+        grouped = rewards.view(-1, self.num_generations)
+        metrics["reward"].append(rewards.mean().item())
+        metrics["reward_std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
+        metrics["frac_reward_zero_std"].append((grouped.max(1).values == grouped.min(1).values).float().mean().item())
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
+        metrics["entropy"].append((entropy / units.sum().clamp(min=1)).item())
+        metrics["completions/mean_units"].append(units.mean().item())
+        metrics["completions/mean_hard_tokens"].append(hard.mean().item())
+        metrics["completions/clipped_ratio"].append(1 - gather(rollout.ended_with_eos.float()).mean().item())
+        metrics["soft_ratio"].append((soft / units.sum().clamp(min=1)).item())
+        metrics["router/p_soft"].append((p_soft / decided.clamp(min=1)).item() if self.use_router else 0.0)
+        metrics["prompts/truncated"].append(float(n_trunc))
+        self.state.num_input_tokens_seen += int(gather(rollout.prompt_mask.sum()[None]).sum() + units.sum())
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+
+    # ------------------------------------------------------------------ loss
+    def _compute_loss(self, model, inputs):
+        rollout = Rollout(**{key: inputs[key] for key in _ROLLOUT_KEYS})
+        args = self.args
+        scores = score_rollout(self.backbone(), self.router, self.ref_router.to(self.accelerator.device), rollout,
+                               temperature=args.temperature, chunk_size=args.logprob_chunk_size,
+                               use_router=self.use_router, with_reference=args.beta != 0.0,
+                               token_kl=args.token_kl)
+        old_tok = old_act = None
+        if self.off_policy:
+            old_tok = rollout.logp
+            old_act = torch.where(rollout.is_soft, rollout.p_soft, 1 - rollout.p_soft).clamp(min=1e-12).log()
+        loss, terms = tarpo_loss(
+            logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard, kl_tok=scores.kl_tok,
+            kl_act=scores.kl_act, advantages=inputs["advantages"], completion_mask=rollout.completion_mask,
+            is_soft=rollout.is_soft, decided=rollout.decided, lambda_act=args.lambda_act, beta=args.beta,
+            alpha=args.alpha_action_kl, use_router=self.use_router, detach_kl_weight=args.detach_kl_weight,
+            old_logp_tok=old_tok, old_logp_act=old_act, clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
+        )
+        mode = "train" if self.model.training else "eval"
+        for name, value in terms.items():
+            self._metrics[mode][name].append(self.accelerator.gather(value[None]).mean().item())
+        return loss / self.current_gradient_accumulation_steps
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_router(self, directory: str) -> None:
+        if self.args.should_save:
+            self.router.save(directory)
+            self.ref_router.save(os.path.join(directory, REF_ROUTER_DIR))
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        self._save_router(os.path.join(self._get_output_dir(trial=trial), folder))
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call:
+            self._save_router(output_dir or self.args.output_dir)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        device = self.accelerator.device
+        self.router.load_state_dict(Router.load(resume_from_checkpoint).state_dict())
+        self.router.to(device)
+        self.ref_router = Router.load(os.path.join(resume_from_checkpoint, REF_ROUTER_DIR), device=device)
+        self.ref_router.requires_grad_(False)

@@ -1,0 +1,147 @@
+import os
+
+import datasets
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from tarpo.config import TarpoConfig
+from tarpo.router import Router
+from tarpo.trainer import TarpoTrainer, encode_prompts
+
+
+def letter_reward(prompts, completions, **kwargs):
+    """A dense toy reward with spread inside every group: share of vowels."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+
+
+def make_dataset(n=8):
+    return datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"question {i}?"}], "answer": str(i)} for i in range(n)])
+
+
+def make_args(tmp_path, **overrides):
+    kw = dict(output_dir=str(tmp_path / "run"), bf16=False, per_device_train_batch_size=4, num_generations=4,
+              max_completion_length=12, max_steps=3, logging_steps=1, report_to="none",
+              gradient_checkpointing=False, save_strategy="no", learning_rate=1e-2, router_lr=1e-1,
+              action_bias=[0.5, 0.0], lora_r=4, lora_alpha=8, beta=0.05, seed=0, data_seed=0)
+    kw.update(overrides)
+    return TarpoConfig(**kw)
+
+
+def test_training_changes_every_trainable_parameter_only(model, tokenizer, tmp_path):
+    trainer = TarpoTrainer(model=model, reward_funcs=letter_reward, args=make_args(tmp_path),
+                           train_dataset=make_dataset(), processing_class=tokenizer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    ref_before = {k: v.clone() for k, v in trainer.ref_router.state_dict().items()}
+    trainer.train()
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert any("tarpo_router" in n for n in trainable) and any("lora_" in n for n in trainable)
+    for n, p in trainer.model.named_parameters():
+        if n in trainable:
+            assert not torch.equal(p, before[n]), f"{n} did not change"
+        else:
+            assert torch.equal(p, before[n]), f"frozen {n} changed"
+    for k, v in trainer.ref_router.state_dict().items():
+        assert torch.equal(v, ref_before[k])
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 3 and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
+    for key in ["reward", "reward_std", "entropy", "completions/mean_units", "completions/mean_hard_tokens",
+                "soft_ratio", "router/p_soft", "loss_tok", "loss_act", "loss_kl", "kl_tok", "kl_act",
+                "frac_reward_zero_std"]:
+        assert key in logs[0], key
+    groups = trainer.optimizer.param_groups
+    assert [g["initial_lr"] for g in groups] == [1e-2, 1e-1]
+    assert len(groups[1]["params"]) == 2  # router weight and bias
+
+
+def test_optimizer_is_8bit_adamw_on_cpu(tokenizer, tmp_path):
+    import bitsandbytes as bnb
+
+    args = make_args(tmp_path)
+    assert str(getattr(args.optim, "value", args.optim)) == "adamw_bnb_8bit"  # paged_adamw_8bit without CUDA
+    from tarpo.tiny import tiny_causal_lm
+    trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer), reward_funcs=letter_reward, args=args,
+                           train_dataset=make_dataset(), processing_class=tokenizer)
+    opt = trainer.create_optimizer()
+    assert isinstance(opt, bnb.optim.optimizer.Optimizer8bit)
+
+
+@pytest.mark.parametrize("routing", ["hard", "soft", "entropy"])
+def test_other_routings_train_lora_and_leave_router_untouched(tokenizer, tmp_path, routing):
+    from tarpo.tiny import tiny_causal_lm
+    args = make_args(tmp_path, routing=routing, max_steps=2)
+    trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer), reward_funcs=letter_reward, args=args,
+                           train_dataset=make_dataset(), processing_class=tokenizer)
+    w = trainer.router.proj.weight.detach().clone()
+    trainer.train()
+    assert torch.equal(trainer.router.proj.weight, w)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert all(h["loss_act"] == 0 and h["kl_act"] == 0 for h in logs)
+    if routing == "hard":
+        assert all(h["soft_ratio"] == 0 for h in logs)
+    if routing == "soft":
+        assert all(h["soft_ratio"] > 0 for h in logs)
+
+
+def test_checkpoint_resume_continues_the_run_exactly(tokenizer, tmp_path):
+    from tarpo.tiny import tiny_causal_lm
+
+    class StopAt(TrainerCallback):  # an interrupted run: stops after step 2 of a 4-step schedule
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 2
+
+    def run(max_steps, resume=None, out="a"):
+        args = make_args(tmp_path, output_dir=str(tmp_path / out), max_steps=4, save_strategy="steps",
+                         save_steps=2, token_kl="full")
+        trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, seed=5), reward_funcs=letter_reward, args=args,
+                               train_dataset=make_dataset(), processing_class=tokenizer,
+                               callbacks=[StopAt()] if max_steps < 4 else None)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(4, out="full")
+    part = run(2, out="part")
+    ckpt = tmp_path / "part" / "checkpoint-2"
+    assert {"router.safetensors", "adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
+            "rng_state.pth"} <= set(os.listdir(ckpt))
+    resumed = run(4, resume=str(ckpt), out="part")
+    assert resumed.state.global_step == 4
+    for (n, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0, msg=n)
+    torch.testing.assert_close(full.ref_router.proj.weight, resumed.ref_router.proj.weight)
+    saved = Router.load(str(tmp_path / "full" / "checkpoint-4"))
+    torch.testing.assert_close(saved.proj.weight, full.router.proj.weight.cpu())
+
+
+def test_bad_input_is_named_before_training(model, tokenizer, tmp_path):
+    args = make_args(tmp_path)
+    with pytest.raises(ValueError, match="empty"):
+        TarpoTrainer(model=model, reward_funcs=letter_reward, args=args,
+                     train_dataset=datasets.Dataset.from_list([]), processing_class=tokenizer)
+    with pytest.raises(ValueError, match="'prompt'"):
+        TarpoTrainer(model=model, reward_funcs=letter_reward, args=args,
+                     train_dataset=datasets.Dataset.from_list([{"question": "q"}]), processing_class=tokenizer)
+
+
+def test_prompts_are_truncated_from_the_left(tokenizer):
+    ids, mask, n = encode_prompts(tokenizer, ["abcdefgh", "xy"], max_length=5)
+    assert n == 1
+    assert tokenizer.decode(ids[0][mask[0].bool()]) == "defgh"
+    assert tokenizer.decode(ids[1][mask[1].bool()]) == "xy" and mask[1].tolist() == [0, 0, 0, 1, 1]
+    chat, _, _ = encode_prompts(tokenizer, [[{"role": "user", "content": "hi"}]], max_length=100)
+    assert tokenizer.decode(chat[0]).endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(routing="sometimes"), "routing"),
+    (dict(soft_top_k=0), "soft_top_k"),
+    (dict(top_k=-1), "top_k"),
+    (dict(token_kl="k2"), "token_kl"),
+    (dict(action_bias=[1.0]), "action_bias"),
+    (dict(per_device_train_batch_size=3, num_generations=4), "divisible by num_generations"),
+])
+def test_invalid_config_raises_naming_the_field(tmp_path, bad, match):
+    with pytest.raises(ValueError, match=match):
+        make_args(tmp_path, **bad)
