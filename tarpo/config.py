@@ -51,6 +51,7 @@ class TarpoConfig(GRPOConfig):
         metadata={"help": "Optimizer. Paper: 8-bit AdamW, paged_adamw_8bit (DESIGN §4). Resolved at construction: "
                   "without CUDA the non-paged adamw_bnb_8bit (bitsandbytes steps CPU tensors); without a working "
                   "bitsandbytes plain adamw_torch with the same hyper-parameters."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every N optimizer steps (every step by default)."})
     disable_dropout: bool = field(default=True, metadata={"help": "Dropout off so policy and reference score the same inputs identically."})
     # ---- routing (DESIGN §1, §2 ablations, §3) ----
     routing: str = field(

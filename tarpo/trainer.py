@@ -101,7 +101,11 @@ class TarpoTrainer(GRPOTrainer):
             peft_config = lora_config(args)
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          processing_class=processing_class, peft_config=peft_config, **kwargs)
-        base = unwrap(self.accelerator.unwrap_model(self.model))
+        peft_model = self.accelerator.unwrap_model(self.model)
+        if "ref" in getattr(peft_model, "peft_config", {}):
+            # TRL copies a passed-in adapter as "ref"; DESIGN §2's reference is the adapter disabled.
+            peft_model.delete_adapter("ref")
+        base = unwrap(peft_model)
         if router is None:
             router = Router(base.config.hidden_size, bias=args.action_bias, init_std=args.router_init_std,
                             temperature=args.action_temperature)

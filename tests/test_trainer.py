@@ -47,6 +47,9 @@ def test_training_changes_every_trainable_parameter_only(model, tokenizer, tmp_p
         assert torch.equal(v, ref_before[k])
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 3 and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
+    # At step 1 the LoRA update is zero and the router is its initial copy: policy == reference.
+    assert abs(logs[0]["kl_tok"]) < 1e-6 and abs(logs[0]["kl_act"]) < 1e-6
+    assert logs[-1]["kl_act"] > 0
     for key in ["reward", "reward_std", "entropy", "completions/mean_units", "completions/mean_hard_tokens",
                 "soft_ratio", "router/p_soft", "loss_tok", "loss_act", "loss_kl", "kl_tok", "kl_act",
                 "frac_reward_zero_std"]:
@@ -145,3 +148,41 @@ def test_prompts_are_truncated_from_the_left(tokenizer):
 def test_invalid_config_raises_naming_the_field(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
         make_args(tmp_path, **bad)
+
+
+def test_saved_adapter_and_router_load_back(tokenizer, tmp_path):
+    from tarpo.modeling import load_trained
+    from tarpo.tiny import tiny_causal_lm
+
+    base_dir = tmp_path / "base"
+    tiny_causal_lm(tokenizer, "llama", seed=2).save_pretrained(base_dir)
+    tokenizer.save_pretrained(base_dir)
+    from transformers import AutoModelForCausalLM
+    args = make_args(tmp_path, max_steps=2)
+    trainer = TarpoTrainer(model=AutoModelForCausalLM.from_pretrained(base_dir), reward_funcs=letter_reward,
+                           args=args, train_dataset=make_dataset(), processing_class=tokenizer)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    model, router, tok = load_trained(str(base_dir), str(tmp_path / "final"), dtype="float32")
+    torch.testing.assert_close(router.proj.weight, trainer.router.proj.weight)
+    torch.testing.assert_close(router.proj.bias, trainer.router.proj.bias)
+    trained = dict(trainer.model.named_parameters())
+    loaded = dict(model.named_parameters())
+    lora = [n for n in trained if "lora_A" in n]
+    assert lora
+    for n in lora:
+        torch.testing.assert_close(loaded[n], trained[n])
+    assert tok.padding_side == "left"
+
+
+def test_passed_peft_model_uses_disabled_adapter_as_reference(tokenizer, tmp_path):
+    from peft import get_peft_model
+
+    from tarpo.tiny import tiny_causal_lm
+    from tarpo.trainer import lora_config
+    args = make_args(tmp_path, max_steps=1)
+    peft_model = get_peft_model(tiny_causal_lm(tokenizer), lora_config(args))
+    trainer = TarpoTrainer(model=peft_model, reward_funcs=letter_reward, args=args,
+                           train_dataset=make_dataset(), processing_class=tokenizer)
+    assert list(trainer.model.peft_config) == ["default"]
+    trainer.train()
