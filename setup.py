@@ -18,7 +18,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["tarpo", "tarpo.*"]),
+    package_data={"tarpo": ["resources/*.json"]},
     install_requires=requirements,
+    entry_points={"console_scripts": ["tarpo = tarpo.cli:main"]},
     extras_require={
         "gpu": ["unsloth==2026.10.7", "unsloth_zoo==2026.10.7"],
         "dev": ["pytest==9.2.0"],
