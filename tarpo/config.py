@@ -44,7 +44,9 @@ class TarpoConfig(GRPOConfig):
     adam_beta2: float = field(default=0.99, metadata={"help": "AdamW beta2. Paper: 0.99 (Tab. A)."})
     max_grad_norm: float = field(default=0.1, metadata={"help": "Gradient clipping norm. Paper: 0.1 (Tab. A)."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "LR schedule. Paper: cosine (Tab. A)."})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "Warm-up fraction. Paper: 0.1 (Tab. A)."})
+    warmup_steps: float = field(default=0.1, metadata={"help": "Linear warm-up: a fraction of the steps if < 1, else a "
+                                                        "step count (transformers 5 has no warmup_ratio). Paper: "
+                                                        "ratio 0.1 (Tab. A)."})
     num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs. Paper: 1 (Tab. A)."})
     optim: str = field(
         default="paged_adamw_8bit",

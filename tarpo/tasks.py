@@ -30,6 +30,7 @@ from typing import Callable
 
 import datasets
 
+from . import synthetic
 from .answers import last_boxed
 
 
@@ -167,6 +168,10 @@ def parse_gpqa(row: _Row):
     return _options_question(row.get("Question"), shuffled), LETTERS[order.index(0)], {"options": "ABCD"}
 
 
+def parse_arith(row: _Row):
+    return row.get("question"), str(row.get("answer")), {"level": str(row.get("level", required=False) or "")}
+
+
 def parse_humaneval(row: _Row):
     prompt = row.get("prompt")
     user = f"Complete the following python function.\n\n```python\n{prompt}```"
@@ -185,6 +190,7 @@ class Task:
     split: str = "test"
     eval_lengths: tuple[int, int] = (512, 1024)   # max prompt / new tokens at test time (DESIGN §5)
     id_fields: tuple[str, ...] = ("unique_id", "id", "task_id")
+    generate: Callable | None = None             # split -> records, for synthetic tasks (no hub)
 
 
 TASKS: dict[str, Task] = {t.name: t for t in [
@@ -205,6 +211,8 @@ TASKS: dict[str, Task] = {t.name: t for t in [
          eval_lengths=(1024, 1024)),
     Task("humaneval", "code", parse_humaneval, "humaneval", "openai/openai_humaneval",
          eval_lengths=(2048, 2048)),
+    # The CPU testbed's synthetic arithmetic (tarpo.synthetic); generated, never downloaded.
+    Task("arith", "math", parse_arith, "gsm8k", "", eval_lengths=(256, 64), generate=synthetic.make_split),
 ]}
 # The MATH hub copy is split by subject; its configs are concatenated alphabetically.
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
@@ -263,6 +271,8 @@ def _load_json_line(text: str, where: str):
 
 
 def _read_hub(task: Task, split: str) -> list[tuple[str, dict]]:
+    if task.generate is not None:
+        return [(f"{task.name}[{split}]: row {i + 1}", r) for i, r in enumerate(task.generate(split))]
     if task.name == "math":
         parts = [datasets.load_dataset(task.hub_id, s, split=split) for s in MATH_SUBJECTS]
         rows = [r for part in parts for r in part]

@@ -217,6 +217,10 @@ class TarpoTrainer(GRPOTrainer):
             old_logp_tok=old_tok, old_logp_act=old_act, clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
         )
         mode = "train" if self.model.training else "eval"
+        # Drift between the sampling-time and the training-forward log-probs of the same tokens:
+        # ~0 on-policy (numerics only); grows when a batch is reused after optimizer steps.
+        mask = rollout.completion_mask
+        terms["logp_drift"] = ((scores.logp_tok.detach() - rollout.logp).abs() * mask).sum() / mask.sum().clamp(min=1)
         for name, value in terms.items():
             self._metrics[mode][name].append(self.accelerator.gather(value[None]).mean().item())
         return loss / self.current_gradient_accumulation_steps

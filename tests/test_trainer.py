@@ -56,6 +56,8 @@ def test_training_changes_every_trainable_parameter_only(model, tokenizer, tmp_p
         assert key in logs[0], key
     groups = trainer.optimizer.param_groups
     assert [g["initial_lr"] for g in groups] == [1e-2, 1e-1]
+    # Warm-up (10% of 3 steps = 1 step) then cosine: the first logged LR is below the peak.
+    assert logs[0]["learning_rate"] < 1e-2
     assert len(groups[1]["params"]) == 2  # router weight and bias
 
 
