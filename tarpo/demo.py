@@ -88,8 +88,9 @@ def supervised_warm_start(model, tokenizer, records, steps: int, lr: float, batc
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     for _ in tqdm(range(steps), desc="warm start (SFT)", mininterval=5):
         picks = rng.sample(range(len(records)), batch_size)
-        batch = [(prompts[i], tokenizer(noisy_demonstration(records[i], rng, noise), add_special_tokens=False)
-                  ["input_ids"] + [tokenizer.eos_token_id]) for i in picks]
+        targets = tokenizer([noisy_demonstration(records[i], rng, noise) for i in picks],
+                            add_special_tokens=False)["input_ids"]
+        batch = [(prompts[i], t + [tokenizer.eos_token_id]) for i, t in zip(picks, targets)]
         width = max(len(p) + len(c) for p, c in batch)
         ids = torch.full((batch_size, width), tokenizer.pad_token_id)
         labels = torch.full((batch_size, width), -100)
