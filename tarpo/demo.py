@@ -1,4 +1,4 @@
-"""The CPU testbed: a tiny model that really learns, end to end, in minutes.
+"""The CPU testbed: the whole method on a tiny model, end to end, in minutes on a CPU.
 
 1. **Warm start** (cached): a byte-level BPE tokenizer trained in memory on the
    synthetic arithmetic task (:mod:`tarpo.synthetic`) and its system prompt, and a small
@@ -67,7 +67,8 @@ def warm_start(cache_dir: str, sft_steps: int, seed: int, noise: float, lr: floa
     model.eval().save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     open(os.path.join(tmp, "DONE"), "w").close()
-    os.replace(tmp, folder) if not os.path.exists(folder) else None
+    if not os.path.exists(folder):  # a concurrent run may have finished first; keep its copy
+        os.replace(tmp, folder)
     _log(f"warm-started model saved to {folder}")
     return folder
 
