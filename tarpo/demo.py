@@ -32,8 +32,8 @@ from transformers.trainer_callback import PrinterCallback
 from .config import TarpoConfig
 from .evaluation import sample, score_records, summarize
 from .graders import reward_function
+from .modeling import load_trained
 from .rollout import RolloutSpec
-from .router import Router
 from .synthetic import completion_text, make_split, noisy_demonstration
 from .tasks import load_task, messages
 from .tiny import bpe_tokenizer, tiny_causal_lm
@@ -169,15 +169,8 @@ class _Progress(TrainerCallback):
 
 # ---------------------------------------------------------------- evaluation and report
 def evaluate_system(name: str, base: str, adapter: str | None, args) -> dict:
-    from peft import PeftModel
-
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base)
-    router = None
-    if adapter:
-        model = PeftModel.from_pretrained(model, adapter)
-        if name == "tarpo":
-            router = Router.load(adapter)
+    model, router, tokenizer = load_trained(base, adapter, dtype="float32")
+    router = router if name == "tarpo" else None  # GRPO's saved router was never trained: route hard
     model.eval()
     examples = list(load_task("arith", split="test"))[: args.eval_questions]
     spec = RolloutSpec(max_new_tokens=args.max_new_tokens, temperature=args.temperature, routing="hard")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .router import ROUTER_WEIGHTS, Router
@@ -32,11 +32,10 @@ def load_base_model(name_or_path: str, dtype: str = "bfloat16", device=None):
     return model.to(device) if device is not None else model
 
 
-def add_lora(model, config) -> PeftModel:
-    """Wrap ``model`` with a fresh LoRA adapter from the ``lora_*`` fields of ``config``."""
-    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+def lora_config(config) -> LoraConfig:
+    """The LoRA adapter described by the ``lora_*`` fields of a :class:`TarpoConfig`."""
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)
 
 
 def new_router(model, config) -> Router:

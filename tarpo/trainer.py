@@ -34,6 +34,7 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from .backbone import Backbone, unwrap
 from .config import TarpoConfig
+from .modeling import lora_config, new_router
 from .objective import group_advantages, tarpo_loss
 from .rollout import Rollout, RolloutSpec, hybrid_generate
 from .router import Router
@@ -86,11 +87,6 @@ def check_dataset(dataset, name: str = "train_dataset") -> None:
         raise ValueError(f"{name} has no 'prompt' field (columns: {columns})")
 
 
-def lora_config(args: TarpoConfig) -> LoraConfig:
-    return LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                      target_modules=list(args.lora_target_modules), task_type="CAUSAL_LM")
-
-
 class TarpoTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs, args: TarpoConfig, train_dataset, processing_class,
                  router: Router | None = None, peft_config: LoraConfig | None = None, **kwargs):
@@ -106,9 +102,7 @@ class TarpoTrainer(GRPOTrainer):
             # TRL copies a passed-in adapter as "ref"; DESIGN §2's reference is the adapter disabled.
             peft_model.delete_adapter("ref")
         base = unwrap(peft_model)
-        if router is None:
-            router = Router(base.config.hidden_size, bias=args.action_bias, init_std=args.router_init_std,
-                            temperature=args.action_temperature)
+        router = router if router is not None else new_router(base, args)
         base.tarpo_router = router.to(self.accelerator.device)
         self.ref_router = router.frozen_copy()
         self.piece = token_piece_fn(self.processing_class)

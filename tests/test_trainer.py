@@ -181,7 +181,7 @@ def test_passed_peft_model_uses_disabled_adapter_as_reference(tokenizer, tmp_pat
     from peft import get_peft_model
 
     from tarpo.tiny import tiny_causal_lm
-    from tarpo.trainer import lora_config
+    from tarpo.modeling import lora_config
     args = make_args(tmp_path, max_steps=1)
     peft_model = get_peft_model(tiny_causal_lm(tokenizer), lora_config(args))
     trainer = TarpoTrainer(model=peft_model, reward_funcs=letter_reward, args=args,
