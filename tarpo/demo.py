@@ -50,13 +50,13 @@ def _log(msg: str) -> None:
 def warm_start(cache_dir: str, sft_steps: int, seed: int, noise: float, lr: float = 3e-3, batch_size: int = 32) -> str:
     """Folder of the warm-started model + tokenizer; reused when its settings match."""
     probe = noisy_demonstration(make_split("train", 1)[0], random.Random(0), 0.5)
-    key = hashlib.sha256(json.dumps([MODEL, sft_steps, seed, noise, lr, batch_size, probe]).encode()).hexdigest()[:12]
+    system = messages("arith", "")[0]["content"]
+    key = hashlib.sha256(json.dumps([MODEL, sft_steps, seed, noise, lr, batch_size, probe, system]).encode()).hexdigest()[:12]
     folder = os.path.join(cache_dir, f"warm-{key}")
     if os.path.exists(os.path.join(folder, "DONE")):
         _log(f"reusing the warm-started model in {folder}")
         return folder
     train = make_split("train")
-    system = messages("math", "")[0]["content"]
     corpus = [system] * 20 + [f"{p['question']} {completion_text(p)}" for p in train] + [
         "<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n"]
     tokenizer = bpe_tokenizer(corpus, vocab_size=400)
@@ -82,7 +82,7 @@ def supervised_warm_start(model, tokenizer, records, steps: int, lr: float, batc
     to sample correct and careless steps and RL has a real signal to sharpen.
     """
     rng = random.Random(seed)
-    prompts = [tokenizer(tokenizer.apply_chat_template(messages("math", p["question"]), tokenize=False,
+    prompts = [tokenizer(tokenizer.apply_chat_template(messages("arith", p["question"]), tokenize=False,
                                                        add_generation_prompt=True),
                          add_special_tokens=False)["input_ids"] for p in records]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -182,7 +182,7 @@ def evaluate_system(name: str, base: str, adapter: str | None, args) -> dict:
     with open(os.path.join(args.out, f"eval_{name}.jsonl"), "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    metrics = summarize(records, args.eval_n)
+    metrics = summarize(records, (1, args.eval_n))
     return {"pass@1": metrics["pass@1"], "pass@k": metrics[f"pass@{args.eval_n}"], "k": args.eval_n, **metrics}
 
 
@@ -202,9 +202,9 @@ def parse_args(argv=None):
     ap.add_argument("--warm-seed", type=int, default=0, help="seed of the warm start (shared across --seed runs)")
     ap.add_argument("--sft-steps", type=int, default=1500, help="supervised warm-start steps")
     ap.add_argument("--sft-noise", type=float, default=0.4, help="chance a demonstrated step is off by one")
-    ap.add_argument("--steps", type=int, default=250, help="RL steps per algorithm")
+    ap.add_argument("--steps", type=int, default=150, help="RL steps per algorithm")
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=32, help="completions per RL step")
+    ap.add_argument("--batch", type=int, default=64, help="completions per RL step")
     ap.add_argument("--lr", type=float, default=1e-3, help="LoRA learning rate")
     ap.add_argument("--router-lr", type=float, default=5e-3)
     ap.add_argument("--lr-schedule", default="constant_with_warmup",

@@ -182,7 +182,7 @@ def parse_humaneval(row: _Row):
 @dataclass(frozen=True)
 class Task:
     name: str
-    kind: str                                # prompt kind: math | multiple_choice | code
+    kind: str                                # prompt kind: math | multiple_choice | code | arith
     parse: Callable
     grader: str
     hub_id: str
@@ -212,7 +212,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     Task("humaneval", "code", parse_humaneval, "humaneval", "openai/openai_humaneval",
          eval_lengths=(2048, 2048)),
     # The CPU testbed's synthetic arithmetic (tarpo.synthetic); generated, never downloaded.
-    Task("arith", "math", parse_arith, "gsm8k", "", eval_lengths=(256, 64), generate=synthetic.make_split),
+    Task("arith", "arith", parse_arith, "gsm8k", "", eval_lengths=(256, 64), generate=synthetic.make_split),
 ]}
 # The MATH hub copy is split by subject; its configs are concatenated alphabetically.
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
