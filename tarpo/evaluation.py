@@ -18,7 +18,7 @@ import torch
 
 from .backbone import Backbone
 from .graders import grade_batch
-from .metrics import mean_pass_at_k
+from .metrics import majority_vote, mean_pass_at_k, mean_sd_ci
 from .rollout import RolloutSpec, hybrid_generate
 from .tagging import token_piece_fn
 from .trainer import encode_prompts
@@ -35,8 +35,9 @@ def spec_for_mode(mode: str, spec: RolloutSpec) -> RolloutSpec:
 
 @torch.no_grad()
 def sample(model, router, tokenizer, examples: list[dict], n: int, spec: RolloutSpec, *, mode: str,
-           max_prompt_length: int, batch_size: int = 64, progress=None) -> list[dict]:
-    """``n`` samples for each example; records carry question id, sample index, text and counts."""
+           max_prompt_length: int, batch_size: int = 64, progress=None, generator=None) -> list[dict]:
+    """``n`` samples for each example (:func:`trajectory_fields` plus question id and sample
+    index); ``generator`` (optional) drives all sampling, else torch's global RNG."""
     if mode == "tarpo" and router is None:
         raise ValueError("mode 'tarpo' needs a trained router")
     spec = spec_for_mode(mode, spec)
@@ -49,18 +50,48 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
         chunk = jobs[start:start + batch_size]
         ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device)
         out = hybrid_generate(backbone, router, ids, mask, spec, piece, [tokenizer.eos_token_id],
-                              tokenizer.pad_token_id)
+                              tokenizer.pad_token_id, generator)
         for row, (ex, i) in enumerate(chunk):
-            m = out.completion_mask[row]
-            tokens = out.token_ids[row][m].tolist()
-            records.append({
-                "id": ex["id"], "sample": i, "completion": tokenizer.decode(tokens, skip_special_tokens=True),
-                "units": int(m.sum()), "hard_tokens": int((m & ~out.is_soft[row]).sum()),
-                "soft_steps": int(out.is_soft[row].sum()),
-            })
+            records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer)})
         if progress is not None:
             progress.update(len(chunk))
     return records
+
+
+def trajectory_fields(out, row: int, tokenizer) -> dict:
+    """One row of a rollout as JSON-ready fields.
+
+    ``tokens`` are the sampled ids v_t (placeholders at soft steps); ``actions`` has one
+    character per unit: ``s`` soft (the next input was the mixture), ``h`` a hard router
+    decision, ``-`` no decision (answer phase, EOS, last step); ``p_soft`` is rho(soft|h_t)
+    per unit (0 where no learned decision); ``marked`` is the text with each soft step's
+    placeholder wrapped in ``⟦ ⟧``.
+
+    >>> from types import SimpleNamespace as NS
+    >>> t = lambda *v: torch.tensor([list(v)])
+    >>> out = NS(completion_mask=t(True, True, True), is_soft=t(False, True, False), decided=t(True, True, False),
+    ...          token_ids=t(5, 6, 7), p_soft=t(0.1, 0.9, 0.0))
+    >>> tok = NS(decode=lambda ids, skip_special_tokens=True: "".join("abcdefgh"[i] for i in ids))
+    >>> f = trajectory_fields(out, 0, tok)
+    >>> f["completion"], f["marked"], f["actions"], f["units"], f["hard_tokens"], f["soft_steps"]
+    ('fgh', 'f⟦g⟧h', 'hs-', 3, 2, 1)
+    """
+    m = out.completion_mask[row]
+    tokens = out.token_ids[row][m].tolist()
+    soft = out.is_soft[row][m].tolist()
+    decided = out.decided[row][m].tolist()
+    marked, start = [], 0
+    for j in range(1, len(tokens) + 1):  # decode runs of equal kind together (multi-byte pieces stay whole)
+        if j == len(tokens) or soft[j] != soft[start]:
+            text = tokenizer.decode(tokens[start:j], skip_special_tokens=True)
+            marked.append(f"⟦{text}⟧" if soft[start] and text else text)
+            start = j
+    return {
+        "completion": tokenizer.decode(tokens, skip_special_tokens=True), "marked": "".join(marked),
+        "tokens": tokens, "actions": "".join("s" if s else "h" if d else "-" for s, d in zip(soft, decided)),
+        "p_soft": [round(p, 4) for p in out.p_soft[row][m].tolist()],
+        "units": len(tokens), "hard_tokens": len(tokens) - sum(soft), "soft_steps": sum(soft),
+    }
 
 
 def score_records(records: list[dict], examples: list[dict], **grade_kwargs) -> list[dict]:
@@ -70,18 +101,29 @@ def score_records(records: list[dict], examples: list[dict], **grade_kwargs) -> 
     return [{**r, "score": g.score, "answer": g.answer} for r, g in zip(records, grades)]
 
 
-def summarize(records: list[dict], k: int) -> dict:
-    """pass@1, pass@k, soft ratio (soft steps / units) and mean units / hard tokens."""
-    per_q: dict[str, list[float]] = {}
-    for r in records:
-        per_q.setdefault(r["id"], []).append(r["score"])
-    counts = [(len(s), int(sum(s))) for s in per_q.values()]
+def summarize(records: list[dict], ks=(1,), canonical: list[str] | None = None) -> dict:
+    """The metrics of DESIGN §7 from graded records (each with ``id``, ``sample``, ``score``).
+
+    pass@k (unbiased) for each k in ``ks``; maj@k for each k when ``canonical`` (one
+    canonical answer per record, "" = none) is given, voting over each question's first k
+    samples; mean, sample SD and 95% CI half-width of the question-level accuracy c/n;
+    mean units (hard + soft) and hard tokens per sample; soft ratio = soft steps / units.
+    """
+    per_q: dict[str, list[tuple[int, float, str]]] = {}
+    for j, r in enumerate(records):
+        per_q.setdefault(r["id"], []).append((r["sample"], r["score"], canonical[j] if canonical else ""))
+    groups = [sorted(v) for v in per_q.values()]
+    counts = [(len(g), sum(int(s) for _, s, _ in g)) for g in groups]
+    mean, sd, ci = mean_sd_ci([c / n for n, c in counts])
     units = sum(r["units"] for r in records)
+    out = {f"pass@{k}": mean_pass_at_k(counts, k) for k in ks}
+    if canonical is not None:
+        for k in ks:
+            out[f"maj@{k}"] = sum(majority_vote([a for _, _, a in g[:k]], [s > 0 for _, s, _ in g[:k]])
+                                  for g in groups) / len(groups)
     return {
-        "pass@1": mean_pass_at_k(counts, 1),
-        f"pass@{k}": mean_pass_at_k(counts, k),
+        **out, "accuracy_mean": mean, "accuracy_sd": sd, "accuracy_ci95": ci,
         "soft_ratio": sum(r["soft_steps"] for r in records) / max(units, 1),
-        "units": units / len(records),
-        "hard_tokens": sum(r["hard_tokens"] for r in records) / len(records),
-        "questions": len(per_q),
+        "units": units / len(records), "hard_tokens": sum(r["hard_tokens"] for r in records) / len(records),
+        "questions": len(groups), "samples": len(records),
     }

@@ -24,6 +24,11 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, NamedTuple
 
 PRELOAD = ["tarpo.math_grading"]
+STARTUP_TIMEOUT = 300.0  # seconds a new worker may take to import before its first job
+MAIN_MODULE_HINT = (
+    "grading workers die as soon as they start. If this runs from a script, put its top-level code under "
+    "`if __name__ == '__main__':` (workers are started with multiprocessing's forkserver, which imports the "
+    "main module).")
 
 
 class JobResult(NamedTuple):
@@ -33,6 +38,7 @@ class JobResult(NamedTuple):
 
 
 def _serve(conn) -> None:
+    conn.send("ready")  # imports are done: a job's timeout counts from here, not from process start
     while True:
         try:
             job = conn.recv()
@@ -53,6 +59,21 @@ class _Worker:
         self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Block until the worker has started (untimed by the job timeout; a new worker
+        re-imports the main module, which can take seconds)."""
+        if self.ready:
+            return
+        if not self.conn.poll(STARTUP_TIMEOUT):
+            self.kill()
+            raise RuntimeError(f"a grading worker did not start within {STARTUP_TIMEOUT:.0f} s")
+        try:
+            self.conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(MAIN_MODULE_HINT) from None
+        self.ready = True
 
     def kill(self) -> None:
         self.proc.kill()
@@ -81,6 +102,7 @@ class WorkerPool:
             while pending and idle:
                 w = idle.popleft()
                 j, args = pending.popleft()
+                self._workers[w].wait_ready()
                 self._workers[w].conn.send((fn, args))
                 busy[w] = (j, time.monotonic() + self.timeout)
             next_deadline = min(d for _, d in busy.values())
@@ -95,11 +117,7 @@ class WorkerPool:
                         results[j] = JobResult(error="worker died")
                         self._deaths_in_a_row += 1
                         if self._deaths_in_a_row > 2 * len(self._workers):
-                            raise RuntimeError(
-                                "grading workers die as soon as they start. If this runs from a script, "
-                                "put its top-level code under `if __name__ == '__main__':` (workers are "
-                                "started with multiprocessing's forkserver, which imports the main module)."
-                            ) from None
+                            raise RuntimeError(MAIN_MODULE_HINT) from None
                         self._replace(w)
                 elif time.monotonic() >= deadline:
                     results[j] = JobResult(timed_out=True)

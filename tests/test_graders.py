@@ -104,12 +104,12 @@ def test_grade_cli(tmp_path):
     out = tmp_path / "out.jsonl"
     run = lambda *a: subprocess.run([sys.executable, "-m", "tarpo.cli", "grade", *a], capture_output=True,  # noqa
                                     text=True, timeout=120)
-    res = run("--task", "math500", str(src), "--out", str(out), "--timeout", "2")
+    res = run("--task", "math500", str(src), "--out", str(out), "--timeout", "4")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "graded 3 correct 2 timeouts 1"
     graded = [json.loads(line) for line in out.read_text().splitlines()]
     assert [g["score"] for g in graded] == [1.0, 1.0, 0.0] and graded[0]["id"] == "a"
-    res = run("--task", "math500", str(src), "--out", str(out), "--reward", "--timeout", "2")
+    res = run("--task", "math500", str(src), "--out", str(out), "--reward", "--timeout", "4")
     assert res.stdout.strip().splitlines()[-1] == "graded 3 correct 1 timeouts 1"
     # Bad input: a clear error naming line and field, and no output file written.
     src.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"completion": "x"}) + "\n")
