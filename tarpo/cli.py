@@ -1,25 +1,35 @@
-"""The ``tarpo`` command: ``tarpo <subcommand> --help`` for each."""
+"""The ``tarpo`` command: ``tarpo <subcommand> --help`` for each.
+
+Subcommand modules are imported only when chosen: grading workers re-import the main
+module, and ``tarpo grade`` should not pay for torch and transformers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from . import grade
-
-COMMANDS = {"grade": grade}
+COMMANDS = {"grade": "tarpo.grade", "eval": "tarpo.eval", "table": "tarpo.tables"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tarpo", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, module in COMMANDS.items():
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="tarpo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    chosen = [a for a in argv[:1] if a in COMMANDS]
+    for name in COMMANDS:
+        if chosen and name != chosen[0]:
+            sub.add_parser(name)
+            continue
+        module = importlib.import_module(COMMANDS[name])
         module.add_arguments(sub.add_parser(name, help=module.__doc__.splitlines()[0],
                                             description=module.__doc__,
                                             formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command].run(args)
+        return importlib.import_module(COMMANDS[args.command]).run(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"tarpo {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,242 @@
+"""``tarpo eval``: sample and grade a model on benchmarks, resumably, with the paper's metrics.
+
+    tarpo eval --model Qwen/Qwen2.5-3B-Instruct --adapter runs/math/adapter --mode tarpo \\
+        --tasks math,amc23,olympiadbench --system TARPO --out runs/math/eval
+    python -m tarpo.eval --model ./tiny --tasks gsm8k --data-dir ../shared/data --limit 20 --n 4 --out ev
+
+For each task it writes, in ``--out``: ``<task>.jsonl`` (one trajectory per line: question
+id, sample index, text, text with soft steps marked, placeholder tokens, actions, router
+soft probabilities, units, hard tokens, extracted answer, score), ``<task>.settings.json``
+and, when the task is complete, ``<task>.results.json`` (every metric of DESIGN §7 and the
+provenance: model, adapter, task, n, settings, seed, grader and versions, packages, date).
+Running the same command again continues where it stopped; changed settings refuse to
+mix with an old file unless ``--restart``. For ``math`` the MATH-500 subset is reported
+from the same run when the MATH-500 ids can be loaded.
+
+Modes (DESIGN §3/§7): ``cot`` hard inputs; ``pure_latent`` soft at every thinking step;
+``entropy`` soft iff the token entropy exceeds ``--entropy-threshold``; ``tarpo`` the
+trained router decides; ``hard`` a trained model forced to hard inputs; ``greedy`` one
+argmax sample. Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
+per task from DESIGN §5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+from tqdm.auto import tqdm
+
+from .evaluation import MODES, sample, score_records, summarize
+from .graders import canonical_answers, grader_versions
+from .modeling import load_trained
+from .router import ROUTER_WEIGHTS
+from .rollout import RolloutSpec
+from .tasks import TASKS, load_task
+from .trajectories import TrajectoryFile
+
+SYSTEM_NAMES = {"cot": "CoT", "pure_latent": "Pure Latent", "entropy": "Entropy-Routed", "tarpo": "TARPO",
+                "hard": "TARPO (hard inputs)", "greedy": "Greedy"}
+PACKAGES = ("tarpo", "torch", "transformers", "peft", "trl", "math-verify")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="base model: hub id or local folder")
+    p.add_argument("--adapter", help="trained adapter folder (LoRA + router.safetensors) from the trainer")
+    p.add_argument("--tasks", required=True, help=f"comma-separated task names: {', '.join(TASKS)}")
+    p.add_argument("--data-dir", help="local data root holding <task>/ folders (e.g. ../shared/data); default: the hub")
+    p.add_argument("--limit", type=int, help="first N questions of each task")
+    p.add_argument("--out", required=True, help="output folder (trajectories, settings, results)")
+    p.add_argument("--mode", default="tarpo", choices=list(MODES), help="inference mode (default tarpo)")
+    p.add_argument("--system", help="row label in tables (default from the mode, e.g. TARPO, CoT)")
+    p.add_argument("--model-name", help="model label in tables (default: last part of --model)")
+    p.add_argument("--n", type=int, help="samples per question (default 32; greedy: 1)")
+    p.add_argument("--k", help="comma-separated k for pass@k and maj@k (default 1 and n)")
+    p.add_argument("--temperature", type=float, default=0.5, help="sampling temperature T_s")
+    p.add_argument("--top-k", type=int, default=0, help="top-k filter of the token policy (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p filter of the token policy (1: off)")
+    p.add_argument("--action-temperature", type=float, default=1.0, help="router temperature tau_a")
+    p.add_argument("--soft-top-k", type=int, default=30, help="k of the soft mixture")
+    p.add_argument("--router-argmax", action="store_true", help="route by argmax instead of sampling")
+    p.add_argument("--entropy-threshold", type=float, default=0.5, help="mode entropy: soft iff entropy > this")
+    p.add_argument("--max-prompt-length", type=int, help="default per task (DESIGN §5)")
+    p.add_argument("--max-new-tokens", type=int, help="default per task (DESIGN §5)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=64, help="samples decoded together (a chunk is batch/n questions)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
+                   help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--grader", help="override the task's grader")
+    p.add_argument("--restart", action="store_true", help="delete old trajectories of these tasks and start over")
+
+
+def _ks(args) -> list[int]:
+    ks = [1, args.n] if not args.k else [int(k) for k in args.k.split(",") if k.strip()]
+    for k in ks:
+        if not 1 <= k <= args.n:
+            raise ValueError(f"--k {k}: pass@k and maj@k need 1 <= k <= n (n={args.n})")
+    return sorted(set(ks))
+
+
+def check_arguments(args) -> None:
+    """Every check that needs no model: fails with the name of the bad setting."""
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"--tasks: unknown task {', '.join(unknown) or '(none)'}; known tasks: {', '.join(TASKS)}")
+    args.task_list = tasks
+    if args.n is None:
+        args.n = 1 if args.mode == "greedy" else 32
+    if args.n < 1:
+        raise ValueError(f"--n {args.n}: need at least one sample per question")
+    if args.mode == "greedy" and args.n != 1:
+        raise ValueError(f"--n {args.n}: mode greedy takes one argmax sample per question (use --n 1)")
+    args.ks = _ks(args)
+    if args.adapter is not None:
+        if not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
+            raise ValueError(f"--adapter {args.adapter}: no adapter_config.json there (not a saved adapter)")
+    if args.mode == "tarpo" and not (args.adapter and os.path.isfile(os.path.join(args.adapter, ROUTER_WEIGHTS))):
+        raise ValueError(f"--mode tarpo needs a trained router: --adapter must hold {ROUTER_WEIGHTS}")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise ValueError(f"--data-dir {args.data_dir}: no such folder")
+    for name in ("temperature", "action_temperature"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
+        raise ValueError("--batch-size and --limit must be >= 1")
+
+
+def task_settings(args, task: str) -> dict:
+    """Everything that decides the samples of one task (compared on resume)."""
+    prompt_len, new_tokens = TASKS[task].eval_lengths
+    return {
+        "task": task, "model": args.model, "adapter": args.adapter, "mode": args.mode, "n": args.n,
+        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+        "action_temperature": args.action_temperature, "soft_top_k": args.soft_top_k,
+        "router": "argmax" if args.router_argmax else "sample", "entropy_threshold": args.entropy_threshold,
+        "max_prompt_length": args.max_prompt_length or prompt_len, "max_new_tokens": args.max_new_tokens or new_tokens,
+        "seed": args.seed, "limit": args.limit, "data": args.data_dir and os.path.join(args.data_dir, task),
+        "grader": args.grader or TASKS[task].grader, "dtype": args.dtype,
+    }
+
+
+def _versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _math500_ids(args) -> tuple[set[str] | None, str]:
+    path = args.data_dir and os.path.join(args.data_dir, "math500")
+    try:
+        return {ex["id"] for ex in load_task("math500", path)}, path or TASKS["math500"].hub_id
+    except Exception as exc:  # noqa: BLE001 - the subset is optional; say why it is missing
+        return None, f"unavailable: {exc}"
+
+
+def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, router, tokenizer, device) -> dict:
+    """Sample the chunks not yet on disk, then compute the task's metrics and provenance."""
+    s = traj.settings
+    spec = RolloutSpec(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"],
+                       top_p=s["top_p"], soft_top_k=s["soft_top_k"], entropy_threshold=s["entropy_threshold"],
+                       router_greedy=args.router_argmax)
+    done = traj.done_chunks()
+    started, fresh = time.time(), 0
+    bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2)
+    for c, (start, stop) in enumerate(traj.chunks[done:], done):
+        generator = torch.Generator(device).manual_seed(args.seed * 1_000_003 + c)
+        chunk = examples[start:stop]
+        records = sample(model, router, tokenizer, chunk, args.n, spec, mode=args.mode,
+                         max_prompt_length=s["max_prompt_length"], batch_size=len(chunk) * args.n,
+                         generator=generator)
+        records = score_records(records, chunk, grader=s["grader"])
+        traj.append([{"q": start + i // args.n, **r} for i, r in enumerate(records)])
+        fresh += len(records)
+        bar.update(len(records))
+    bar.close()
+    records = traj.records
+    canonical = canonical_answers([r["answer"] for r in records], task)
+    metrics = summarize(records, args.ks, canonical)
+    subsets = {}
+    if task == "math":
+        ids, where = _math500_ids(args)
+        if ids is None:
+            subsets["math500"] = {"error": where}
+        else:
+            keep = [j for j, r in enumerate(records) if r["id"] in ids]
+            if keep:
+                subsets["math500"] = {**summarize([records[j] for j in keep], args.ks, [canonical[j] for j in keep]),
+                                      "ids_from": where}
+    rate = fresh / max(time.time() - started, 1e-9)
+    return {
+        "task": task, "system": args.system or SYSTEM_NAMES[args.mode],
+        "model_name": args.model_name or os.path.basename(os.path.normpath(args.model)),
+        "model": args.model, "adapter": args.adapter, "mode": args.mode, "n": args.n, "seed": args.seed,
+        "metrics": metrics, "subsets": subsets, "settings": s, "grader": grader_versions(s["grader"]),
+        "packages": _versions(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": str(device), "samples_per_s": rate, "trajectories": os.path.basename(traj.path),
+    }
+
+
+def summary_line(res: dict) -> str:
+    m = res["metrics"]
+    parts = [f"{k} {m[k]:.4f}" for k in m if k.startswith(("pass@", "maj@"))]
+    line = (f"{res['task']}: " + " ".join(parts) + f" sd {m['accuracy_sd']:.4f} ci95 {m['accuracy_ci95']:.4f} "
+            f"units {m['units']:.1f} hard {m['hard_tokens']:.1f} soft_ratio {m['soft_ratio']:.4f} "
+            f"({m['questions']} questions x {res['n']} samples)")
+    sub = res["subsets"].get("math500")
+    if sub and "pass@1" in sub:
+        line += f"; math500 subset pass@1 {sub['pass@1']:.4f} ({sub['questions']} questions)"
+    return line
+
+
+def run(args) -> int:
+    check_arguments(args)
+    os.makedirs(args.out, exist_ok=True)
+    plans = []
+    for task in args.task_list:  # data and resume files are checked before any model is loaded
+        examples = list(load_task(task, args.data_dir and os.path.join(args.data_dir, task), limit=args.limit))
+        per_chunk = max(1, args.batch_size // args.n)
+        traj = TrajectoryFile(args.out, task, task_settings(args, task), len(examples), per_chunk, args.restart)
+        plans.append((task, examples, traj))
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    model, router, tokenizer = load_trained(args.model, args.adapter, dtype=dtype, device=device)
+    model.eval()
+    if router is not None:
+        router.temperature = args.action_temperature
+    lines = []
+    for task, examples, traj in plans:
+        res = evaluate_task(args, task, examples, traj, model, router, tokenizer, device)
+        path = os.path.join(args.out, f"{task}.results.json")
+        _write_json(path, res)
+        lines.append(summary_line(res))
+        print(lines[-1], flush=True)
+    print(f"results in {os.path.abspath(args.out)}")
+    return 0
+
+
+def main(argv=None) -> int:
+    from .cli import main as cli_main
+    return cli_main(["eval", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""``tarpo eval`` on a tiny random model and real benchmark files: outputs, resume, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from peft import LoraConfig, get_peft_model
+
+from tarpo.cli import main as cli
+from tarpo.metrics import pass_at_k
+from tarpo.router import Router
+from tarpo.tiny import char_tokenizer, tiny_causal_lm
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
+                                reason="../shared/data is not beside the checkout")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A saved random Qwen2 + char tokenizer, and an adapter folder with a 50/50 router."""
+    root = tmp_path_factory.mktemp("tiny")
+    tok = char_tokenizer()
+    model = tiny_causal_lm(tok, "qwen2", seed=0)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                            init_lora_weights=False))
+    peft.save_pretrained(root / "adapter")
+    Router(model.config.hidden_size, bias=(0.0, 0.0)).save(str(root / "adapter"))
+    return str(root / "model"), str(root / "adapter")
+
+
+def eval_args(tiny, out, *extra):
+    model, adapter = tiny
+    return ["eval", "--model", model, "--adapter", adapter, "--tasks", "gsm8k", "--data-dir", DATA,
+            "--limit", "20", "--n", "4", "--max-new-tokens", "12", "--batch-size", "8", "--out", str(out), *extra]
+
+
+def lines(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@needs_data
+def test_eval_writes_trajectories_and_results_on_real_gsm8k(tiny, tmp_path, capsys):
+    assert cli(eval_args(tiny, tmp_path, "--k", "1,2,4", "--system", "TARPO")) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-2].startswith("gsm8k: pass@1 ")
+    traj = lines(tmp_path / "gsm8k.jsonl")
+    assert len(traj) == 80
+    per_q = {}
+    for r in traj:
+        per_q.setdefault(r["id"], []).append(r["sample"])
+        assert len(r["tokens"]) == r["units"] == len(r["actions"]) == len(r["p_soft"])
+        assert r["soft_steps"] == r["actions"].count("s") and r["hard_tokens"] == r["units"] - r["soft_steps"]
+        assert r["score"] in (0.0, 1.0) and "answer" in r and "marked" in r
+    assert len(per_q) == 20 and all(sorted(v) == [0, 1, 2, 3] for v in per_q.values())
+    res = json.load(open(tmp_path / "gsm8k.results.json"))
+    m = res["metrics"]
+    counts = {}
+    for r in traj:
+        counts[r["id"]] = counts.get(r["id"], 0) + int(r["score"])
+    assert m["pass@2"] == pytest.approx(sum(pass_at_k(4, c, 2) for c in counts.values()) / 20)
+    assert m["pass@1"] == pytest.approx(sum(r["score"] for r in traj) / 80)
+    assert 0.2 < m["soft_ratio"] < 0.8  # the 50/50 router really routes soft
+    assert {"maj@4", "accuracy_sd", "accuracy_ci95", "units", "hard_tokens"} <= set(m)
+    assert res["system"] == "TARPO" and res["task"] == "gsm8k" and res["n"] == 4 and res["seed"] == 0
+    assert res["grader"]["grader"] == "gsm8k" and res["packages"]["torch"] and res["date"]
+    assert res["settings"]["temperature"] == 0.5 and res["settings"]["max_prompt_length"] == 512
+
+
+def _run_eval_subprocess(tiny, out):
+    cmd = [sys.executable, "-m", "tarpo.eval", *eval_args(tiny, out)[1:]]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@needs_data
+def test_eval_killed_and_rerun_equals_an_uninterrupted_run(tiny, tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert cli(eval_args(tiny, whole)) == 0
+
+    proc = _run_eval_subprocess(tiny, resumed)
+    path = resumed / "gsm8k.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if path.exists() and path.stat().st_size > 0:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = len(lines(path)) if path.exists() else 0
+    assert killed_at < 80, "the run finished before it could be killed"
+    assert not (resumed / "gsm8k.results.json").exists()
+
+    assert cli(eval_args(tiny, resumed)) == 0
+    a, b = lines(whole / "gsm8k.jsonl"), lines(path)
+    assert len(b) == 80 and len({(r["id"], r["sample"]) for r in b}) == 80
+    assert a == b
+    ma = json.load(open(whole / "gsm8k.results.json"))["metrics"]
+    mb = json.load(open(resumed / "gsm8k.results.json"))["metrics"]
+    assert ma == mb
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--tasks", "gsm9k"], "--tasks: unknown task gsm9k"),
+    (["--adapter", "/no/such/adapter"], "--adapter /no/such/adapter: no adapter_config.json"),
+    (["--k", "8"], "--k 8: pass@k and maj@k need 1 <= k <= n (n=4)"),
+    (["--mode", "greedy"], "--n 4: mode greedy takes one argmax sample"),
+])
+def test_bad_input_fails_before_any_model_is_loaded(tiny, tmp_path, capsys, change, message):
+    args = eval_args(tiny, tmp_path)
+    args[args.index("--model") + 1] = "/no/such/model"  # loading it would fail with another message
+    assert cli(args + change) == 2  # the later flag wins
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "gsm8k.jsonl").exists()
+
+
+@needs_data
+def test_a_changed_setting_refuses_to_mix_with_an_old_file(tiny, tmp_path, capsys):
+    assert cli(eval_args(tiny, tmp_path, "--limit", "2")) == 0
+    before = (tmp_path / "gsm8k.jsonl").read_bytes()
+    args = eval_args(tiny, tmp_path, "--limit", "2")
+    args[args.index("--model") + 1] = "/no/such/model"
+    args[args.index("--n") + 1] = "2"
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert "gsm8k.jsonl was written with other settings" in err and "n: 4 -> 2" in err and "--restart" in err
+    assert (tmp_path / "gsm8k.jsonl").read_bytes() == before
+    assert cli([*eval_args(tiny, tmp_path, "--limit", "2"), "--n", "2", "--restart"]) == 0
+    assert len(lines(tmp_path / "gsm8k.jsonl")) == 4
