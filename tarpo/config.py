@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig
 
-ROUTING_MODES = ("learned", "hard", "soft", "entropy")
+ROUTING_MODES = ("learned", "hard", "soft", "entropy", "hrpo", "soft_tokens")
+LATENT_ROUTINGS = ("hrpo", "soft_tokens")  # baselines whose soft steps are not a plain mixture (DESIGN §3)
 TOKEN_KL_MODES = ("k3", "full")
 HARD, SOFT = 0, 1  # router action indices (DESIGN §1: index 0 = hard, 1 = soft)
 
@@ -61,7 +62,9 @@ class TarpoConfig(GRPOConfig):
         metadata={"help": "Thinking-phase input rule. 'learned': the router samples hard/soft (TARPO); "
                   "'hard': always the sampled token (GRPO, CoT); 'soft': always the top-k mixture "
                   "(Pure Latent); 'entropy': soft iff token entropy > entropy_threshold (Entropy "
-                  "Routing). DESIGN §2-3."})
+                  "Routing); 'hrpo': HRPO's gated blend of E(v_t) and the mixture at every thinking step; "
+                  "'soft_tokens': the full mixture plus Gaussian noise at every thinking step (Soft Tokens). "
+                  "DESIGN §2-3."})
     entropy_threshold: float = field(
         default=0.5, metadata={"help": "Entropy (nats, of softmax(z/T_s)) above which 'entropy' routing "
                                        "goes soft. Paper: 0.5 (DESIGN §2)."})
@@ -85,6 +88,14 @@ class TarpoConfig(GRPOConfig):
     answer_tag: str = field(
         default="####", metadata={"help": "Text whose emission ends the thinking phase; afterwards inputs are "
                                           "hard and no router decision is recorded (DESIGN §1, §6)."})
+    hrpo_c: float = field(
+        default=8.0, metadata={"help": "HRPO: c in a = exp(-c softplus(-Lambda) r) (DESIGN §3)."})
+    hrpo_lr: float = field(
+        default=1e-4, metadata={"help": "HRPO: learning rate of the gate's own parameter group (W_r, W_i, Lambda; "
+                                        "no weight decay). Our choice: the router's LR."})
+    soft_tokens_noise_scale: float = field(
+        default=0.33, metadata={"help": "Soft Tokens: noise std as a multiple of the embedding RMS, "
+                                        "sigma = 0.33 rms(E) (DESIGN §3)."})
     # ---- objective (DESIGN §2) ----
     lambda_act: float = field(
         default=0.1, metadata={"help": "lambda, weight of the router policy-gradient term L_act (DESIGN §2)."})
@@ -155,5 +166,11 @@ class TarpoConfig(GRPOConfig):
             bad("logprob_chunk_size", "must be >= 1")
         if not self.answer_tag:
             bad("answer_tag", "must be a non-empty string")
+        if self.hrpo_c <= 0:
+            bad("hrpo_c", "must be > 0")
+        if self.soft_tokens_noise_scale <= 0:
+            bad("soft_tokens_noise_scale", "must be > 0")
+        if self.routing == "soft_tokens" and self.num_iterations > 1:
+            bad("num_iterations", "Soft Tokens' Gaussian term is on-policy only (one gradient step per batch)")
         if self.use_vllm:
             bad("use_vllm", "TARPO generates with its own hybrid decode loop; vLLM cannot feed soft inputs")

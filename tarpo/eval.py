@@ -15,8 +15,8 @@ from the same run when the MATH-500 ids can be loaded.
 
 Modes (DESIGN §3/§7): ``cot`` hard inputs; ``pure_latent`` soft at every thinking step;
 ``entropy`` soft iff the token entropy exceeds ``--entropy-threshold``; ``tarpo`` the
-trained router decides; ``hard`` a trained model forced to hard inputs; ``greedy`` one
-argmax sample. Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
+trained router decides; ``hard`` a trained model forced to hard inputs; ``hrpo`` an
+HRPO-trained gate blends every thinking input; ``greedy`` one argmax sample. Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
 per task from DESIGN §5.
 """
 
@@ -35,14 +35,15 @@ from tqdm.auto import tqdm
 
 from .evaluation import MODES, sample, score_records, summarize
 from .graders import canonical_answers, grader_versions
-from .modeling import load_trained
+from .latent import HRPO_WEIGHTS
+from .modeling import load_gate, load_trained
 from .router import ROUTER_WEIGHTS
 from .rollout import RolloutSpec
 from .tasks import TASKS, load_task
 from .trajectories import TrajectoryFile
 
 SYSTEM_NAMES = {"cot": "CoT", "pure_latent": "Pure Latent", "entropy": "Entropy-Routed", "tarpo": "TARPO",
-                "hard": "TARPO (hard inputs)", "greedy": "Greedy"}
+                "hard": "TARPO (hard inputs)", "hrpo": "HRPO", "greedy": "Greedy"}
 PACKAGES = ("tarpo", "torch", "transformers", "peft", "trl", "math-verify")
 
 
@@ -83,6 +84,16 @@ def _ks(args) -> list[int]:
     return sorted(set(ks))
 
 
+def check_system(adapter: str | None, mode: str) -> None:
+    """The adapter folder holds what the inference mode needs (checked before loading)."""
+    if adapter is not None and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        raise ValueError(f"--adapter {adapter}: no adapter_config.json there (not a saved adapter)")
+    if mode == "tarpo" and not (adapter and os.path.isfile(os.path.join(adapter, ROUTER_WEIGHTS))):
+        raise ValueError(f"--mode tarpo needs a trained router: --adapter must hold {ROUTER_WEIGHTS}")
+    if mode == "hrpo" and not (adapter and os.path.isfile(os.path.join(adapter, HRPO_WEIGHTS))):
+        raise ValueError(f"--mode hrpo needs a trained HRPO gate: --adapter must hold {HRPO_WEIGHTS}")
+
+
 def check_arguments(args) -> None:
     """Every check that needs no model: fails with the name of the bad setting."""
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -97,11 +108,7 @@ def check_arguments(args) -> None:
     if args.mode == "greedy" and args.n != 1:
         raise ValueError(f"--n {args.n}: mode greedy takes one argmax sample per question (use --n 1)")
     args.ks = _ks(args)
-    if args.adapter is not None:
-        if not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
-            raise ValueError(f"--adapter {args.adapter}: no adapter_config.json there (not a saved adapter)")
-    if args.mode == "tarpo" and not (args.adapter and os.path.isfile(os.path.join(args.adapter, ROUTER_WEIGHTS))):
-        raise ValueError(f"--mode tarpo needs a trained router: --adapter must hold {ROUTER_WEIGHTS}")
+    check_system(args.adapter, args.mode)
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise ValueError(f"--data-dir {args.data_dir}: no such folder")
     for name in ("temperature", "action_temperature"):
@@ -150,7 +157,21 @@ def _math500_ids(args) -> tuple[set[str] | None, str]:
         return None, f"unavailable: {exc}"
 
 
-def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, router, tokenizer, device) -> dict:
+def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "auto", action_temperature=None):
+    """(model, router or None, HRPO gate or None, tokenizer, device) for an inference mode,
+    on CUDA when available; ``auto`` dtype = bfloat16 on CUDA, float32 on CPU."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype if dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    model, router, tokenizer = load_trained(model_path, adapter, dtype=dtype, device=device)
+    model.eval()
+    if router is not None and action_temperature is not None:
+        router.temperature = action_temperature
+    gate = load_gate(adapter, device) if mode == "hrpo" else None
+    return model, (router if mode == "tarpo" else None), gate, tokenizer, device
+
+
+def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, router, gate, tokenizer,
+                  device) -> dict:
     """Sample the chunks not yet on disk, then compute the task's metrics and provenance."""
     s = traj.settings
     spec = RolloutSpec(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"],
@@ -164,7 +185,7 @@ def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, 
         chunk = examples[start:stop]
         records = sample(model, router, tokenizer, chunk, args.n, spec, mode=args.mode,
                          max_prompt_length=s["max_prompt_length"], batch_size=len(chunk) * args.n,
-                         generator=generator)
+                         generator=generator, gate=gate)
         records = score_records(records, chunk, grader=s["grader"])
         traj.append([{"q": start + i // args.n, **r} for i, r in enumerate(records)])
         fresh += len(records)
@@ -216,15 +237,11 @@ def run(args) -> int:
         traj = TrajectoryFile(args.out, task, task_settings(args, task), len(examples), per_chunk, args.restart)
         plans.append((task, examples, traj))
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
-    model, router, tokenizer = load_trained(args.model, args.adapter, dtype=dtype, device=device)
-    model.eval()
-    if router is not None:
-        router.temperature = args.action_temperature
+    model, router, gate, tokenizer, device = load_system(args.model, args.adapter, args.mode, args.dtype,
+                                                         args.action_temperature)
     lines = []
     for task, examples, traj in plans:
-        res = evaluate_task(args, task, examples, traj, model, router, tokenizer, device)
+        res = evaluate_task(args, task, examples, traj, model, router, gate, tokenizer, device)
         path = os.path.join(args.out, f"{task}.results.json")
         _write_json(path, res)
         lines.append(summary_line(res))

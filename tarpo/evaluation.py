@@ -7,7 +7,8 @@
 Inference modes (DESIGN §3, §7): ``cot`` and ``hard`` (hard inputs throughout; ``hard`` is a
 trained model forced to hard routing), ``pure_latent`` (soft at every thinking step),
 ``entropy`` (soft iff the token entropy exceeds the threshold), ``tarpo`` (the trained
-router decides) and ``greedy`` (argmax tokens, hard inputs, one sample).
+router decides), ``hrpo`` (an HRPO-trained gate blends every thinking input) and ``greedy``
+(argmax tokens, hard inputs, one sample).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .tagging import token_piece_fn
 from .trainer import encode_prompts
 
 MODES = {"cot": "hard", "hard": "hard", "pure_latent": "soft", "entropy": "entropy", "tarpo": "learned",
-         "greedy": "hard"}
+         "hrpo": "hrpo", "greedy": "hard"}
 
 
 def spec_for_mode(mode: str, spec: RolloutSpec) -> RolloutSpec:
@@ -35,11 +36,15 @@ def spec_for_mode(mode: str, spec: RolloutSpec) -> RolloutSpec:
 
 @torch.no_grad()
 def sample(model, router, tokenizer, examples: list[dict], n: int, spec: RolloutSpec, *, mode: str,
-           max_prompt_length: int, batch_size: int = 64, progress=None, generator=None) -> list[dict]:
+           max_prompt_length: int, batch_size: int = 64, progress=None, generator=None, gate=None,
+           soft_detail: int = 0) -> list[dict]:
     """``n`` samples for each example (:func:`trajectory_fields` plus question id and sample
-    index); ``generator`` (optional) drives all sampling, else torch's global RNG."""
+    index); ``generator`` (optional) drives all sampling, else torch's global RNG.
+    ``soft_detail`` > 0 adds each soft step's top mixture entries (``soft_top``)."""
     if mode == "tarpo" and router is None:
         raise ValueError("mode 'tarpo' needs a trained router")
+    if mode == "hrpo" and gate is None:
+        raise ValueError("mode 'hrpo' needs a trained HRPO gate")
     spec = spec_for_mode(mode, spec)
     backbone = Backbone(model)
     device = next(model.parameters()).device
@@ -50,22 +55,23 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
         chunk = jobs[start:start + batch_size]
         ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device)
         out = hybrid_generate(backbone, router, ids, mask, spec, piece, [tokenizer.eos_token_id],
-                              tokenizer.pad_token_id, generator)
+                              tokenizer.pad_token_id, generator, latent=gate)
         for row, (ex, i) in enumerate(chunk):
-            records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer)})
+            records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer, soft_detail)})
         if progress is not None:
             progress.update(len(chunk))
     return records
 
 
-def trajectory_fields(out, row: int, tokenizer) -> dict:
+def trajectory_fields(out, row: int, tokenizer, soft_detail: int = 0) -> dict:
     """One row of a rollout as JSON-ready fields.
 
     ``tokens`` are the sampled ids v_t (placeholders at soft steps); ``actions`` has one
     character per unit: ``s`` soft (the next input was the mixture), ``h`` a hard router
     decision, ``-`` no decision (answer phase, EOS, last step); ``p_soft`` is rho(soft|h_t)
     per unit (0 where no learned decision); ``marked`` is the text with each soft step's
-    placeholder wrapped in ``⟦ ⟧``.
+    placeholder wrapped in ``⟦ ⟧``. With ``soft_detail`` > 0, ``soft_top`` lists per unit the
+    first ``soft_detail`` (id, weight) pairs of the soft step's mixture (None at other units).
 
     >>> from types import SimpleNamespace as NS
     >>> t = lambda *v: torch.tensor([list(v)])
@@ -86,7 +92,13 @@ def trajectory_fields(out, row: int, tokenizer) -> dict:
             text = tokenizer.decode(tokens[start:j], skip_special_tokens=True)
             marked.append(f"⟦{text}⟧" if soft[start] and text else text)
             start = j
+    extra = {}
+    if soft_detail:
+        ids, weights = out.soft_ids[row][m][:, :soft_detail].tolist(), out.soft_weights[row][m][:, :soft_detail].tolist()
+        extra["soft_top"] = [[[i, round(w, 4)] for i, w in zip(ids[j], weights[j])] if soft[j] else None
+                             for j in range(len(tokens))]
     return {
+        **extra,
         "completion": tokenizer.decode(tokens, skip_special_tokens=True), "marked": "".join(marked),
         "tokens": tokens, "actions": "".join("s" if s else "h" if d else "-" for s, d in zip(soft, decided)),
         "p_soft": [round(p, 4) for p in out.p_soft[row][m].tolist()],

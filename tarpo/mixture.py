@@ -4,6 +4,10 @@ A hard step feeds the sampled token's embedding ``E(v_t)``. A soft step feeds
 
     u_t = sum_i w_t[i] * E(K_t[i]),   K_t = top-k(z_t / T_s),   w_t = softmax(z_t / T_s)[K_t] renormalised
 
+The baselines of DESIGN §3 change only what a soft step feeds: HRPO passes the mixture
+through its gate together with ``E(v_t)`` (:class:`tarpo.latent.HrpoGate`); Soft Tokens
+feed the recorded noisy full mixture (``soft_inputs``).
+
 The rollout calls :func:`build_inputs_embeds` once per decode step with ``[B]``-shaped
 records, the trainer once per batch with ``[B, T]``-shaped ones: the same ids and fp32
 weights give bit-identical inputs. Only k rows of ``E`` are gathered per soft step,
@@ -35,6 +39,8 @@ def build_inputs_embeds(
     soft_weights: torch.Tensor,
     is_soft: torch.Tensor,
     chunk_size: int = 4096,
+    gate=None,
+    soft_inputs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Input embeddings for recorded steps of any leading shape ``S``.
 
@@ -44,18 +50,25 @@ def build_inputs_embeds(
         soft_ids, soft_weights: top-k ids [*S, k] and fp32 weights [*S, k]; read only where soft.
         is_soft: bool [*S], the router's action ``d_t == soft``.
         chunk_size: soft positions mixed at a time, bounding the [n, k, d] gather.
+        gate: HRPO's gate; soft positions then get ``gate(E(v_t), mixture)``.
+        soft_inputs: [*S, d] recorded inputs of soft positions (Soft Tokens); used as they are.
 
-    Returns ``E[token_ids]`` with soft positions replaced by the fp32 mixture, cast to
-    ``E``'s dtype.
+    Returns ``E[token_ids]`` with soft positions replaced by the fp32 mixture (or its
+    gated blend, or the recorded input), cast to ``E``'s dtype.
     """
     out = embedding[token_ids]
     where = is_soft.nonzero(as_tuple=True)
     if where[0].numel() == 0:
+        return out
+    if soft_inputs is not None:
+        out[where] = soft_inputs[where].to(out.dtype)
         return out
     ids, weights = soft_ids[where], soft_weights[where].float()
     mixed = torch.cat([
         torch.einsum("nk,nkd->nd", weights[s:s + chunk_size], embedding[ids[s:s + chunk_size]].float())
         for s in range(0, ids.shape[0], chunk_size)
     ])
+    if gate is not None:
+        mixed = gate(out[where], mixed)
     out[where] = mixed.to(out.dtype)
     return out

@@ -12,6 +12,7 @@ import torch
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .latent import HRPO_WEIGHTS, HrpoGate
 from .router import ROUTER_WEIGHTS, Router
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,3 +58,10 @@ def load_trained(base: str, adapter: str | None = None, dtype: str = "bfloat16",
         if os.path.exists(os.path.join(adapter, ROUTER_WEIGHTS)):
             router = Router.load(adapter, device=next(model.parameters()).device)
     return model, router, load_tokenizer(base)
+
+
+def load_gate(adapter: str | None, device=None) -> HrpoGate | None:
+    """HRPO's trained gate saved beside an adapter, or None if there is none."""
+    if adapter and os.path.exists(os.path.join(adapter, HRPO_WEIGHTS)):
+        return HrpoGate.load(adapter, device=device)
+    return None

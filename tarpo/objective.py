@@ -72,6 +72,8 @@ def tarpo_loss(
     old_logp_act: torch.Tensor | None = None,
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
+    token_loss_on_soft: bool = False,
+    logp_latent: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The TARPO loss (DESIGN §2), averaged over the trajectories of the batch::
 
@@ -89,17 +91,27 @@ def tarpo_loss(
     action terms vanish and delta_t = 1; soft steps still leave L_tok (their token is a
     placeholder that was never fed to the model).
 
+    The latent baselines of DESIGN §3 generalise which steps carry the policy gradient
+    of L_tok: HRPO (``token_loss_on_soft``) feeds v_t blended into every input, so
+    1[d_t = hard] becomes 1 at every step; Soft Tokens (``logp_latent``, [B, T]) adds
+    ``1[d_t = soft] log N(u_t; mu_theta(s_t), sigma^2 I)``, the log-likelihood of the
+    noisy input it fed (on-policy only).
+
     Args are [B, T] tensors except ``advantages`` [B]; ``logp_act`` is log rho of the
     action taken, ``kl_tok`` the per-step token KL (k3 or full), ``kl_act`` the per-step
     KL(rho || rho_ref). Returns the scalar loss and its per-term means (detached).
     """
     mask = completion_mask.float()
     inv_len = 1.0 / completion_mask.sum(-1).clamp(min=1).float()
-    hard = (completion_mask & ~is_soft).float()
+    token_steps = (completion_mask if token_loss_on_soft else completion_mask & ~is_soft).float()
     thinking = (completion_mask & decided).float() if use_router else torch.zeros_like(mask)
 
     pg_tok = policy_gradient_term(logp_tok, advantages, old_logp_tok, clip_eps, clip_eps_high)
-    l_tok = (pg_tok * hard).sum(-1) * inv_len
+    l_tok = (pg_tok * token_steps).sum(-1) * inv_len
+    if logp_latent is not None:
+        if old_logp_tok is not None:
+            raise ValueError("the Soft Tokens term is on-policy only (one gradient step per batch)")
+        l_tok = l_tok + (policy_gradient_term(logp_latent, advantages) * (completion_mask & is_soft)).sum(-1) * inv_len
     if use_router:
         pg_act = policy_gradient_term(logp_act, advantages, old_logp_act, clip_eps, clip_eps_high)
         l_act = (pg_act * thinking).sum(-1) * inv_len

@@ -10,6 +10,10 @@ is recorded exactly when a next input exists and the row is still thinking after
 ``v_t``: not at the step that completes the tag, not at EOS, not at the last allowed
 step. ``Rollout.decided`` marks those steps; they are the thinking steps of the
 objective (L_act, the action KL and delta_t).
+
+The baselines of DESIGN §3 are routings of the same loop: ``hrpo`` and ``soft_tokens`` go
+soft at every thinking step and change what a soft step feeds (``latent``: HRPO's gate,
+or Soft Tokens' noisy full mixture, recorded in ``soft_inputs``).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class Rollout:
     p_soft: torch.Tensor              # fp32 rho(soft|h_t) where decided under learned routing, else 0
     entropy: torch.Tensor             # fp32 entropy of softmax(z_t / T_s), nats
     logp: torch.Tensor                # fp32 log softmax(z_t / T_s)[v_t] at sampling time
+    soft_inputs: torch.Tensor         # [B, T, d] fp32 fed inputs of soft steps (Soft Tokens), else [B, T, 0]
     ended_with_eos: torch.Tensor      # [B] bool
 
     @property
@@ -90,7 +95,7 @@ def _route(spec, router, hidden, entropy, decide, generator):
     p_soft = torch.zeros_like(entropy)
     if spec.routing == "hard":
         return torch.zeros_like(decide), p_soft
-    if spec.routing == "soft":
+    if spec.routing in ("soft", "hrpo", "soft_tokens"):
         return decide.clone(), p_soft
     if spec.routing == "entropy":
         return decide & (entropy > spec.entropy_threshold), p_soft
@@ -113,6 +118,7 @@ def hybrid_generate(
     eos_token_ids,
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    latent=None,
 ) -> Rollout:
     """Decode a batch of left-padded prompts with per-step hard/soft inputs.
 
@@ -122,9 +128,15 @@ def hybrid_generate(
         piece: token id -> text, drives the answer-tag tracker (:func:`tagging.token_piece_fn`).
         eos_token_ids: ids that end a row.
         generator: optional RNG; ``None`` uses torch's global stream like ``generate``.
+        latent: :class:`tarpo.latent.HrpoGate` (routing ``hrpo``) or
+            :class:`tarpo.latent.GaussianSoftTokens` (routing ``soft_tokens``).
     """
     if spec.routing == "learned" and router is None:
         raise ValueError("routing='learned' needs a router")
+    if spec.routing in ("hrpo", "soft_tokens") and latent is None:
+        raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise)")
+    gaussian = spec.routing == "soft_tokens"
+    gate = latent if spec.routing == "hrpo" else None
     device = prompt_ids.device
     B, T, k = prompt_ids.shape[0], spec.max_new_tokens, spec.soft_top_k
     E = backbone.embed_weight
@@ -140,6 +152,7 @@ def hybrid_generate(
         p_soft=torch.zeros(B, T, dtype=torch.float32, device=device),
         entropy=torch.zeros(B, T, dtype=torch.float32, device=device),
         logp=torch.zeros(B, T, dtype=torch.float32, device=device),
+        soft_inputs=torch.zeros(B, T, E.shape[1] if gaussian else 0, dtype=torch.float32, device=device),
     )
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
     tracker = TagTracker(piece, spec.answer_tag, B)
@@ -178,8 +191,11 @@ def hybrid_generate(
         rec["p_soft"][rows, t] = p_soft
         rec["entropy"][live_rows, t] = entropy[alive]
         rec["logp"][live_rows, t] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)[alive]
-        soft_ids = soft_w = None
-        if soft.any():
+        soft_ids = soft_w = noisy = None
+        if soft.any() and gaussian:
+            noisy = latent.sample(scaled[soft], E, generator)
+            rec["soft_inputs"][rows[soft], t] = noisy
+        elif soft.any():
             soft_ids, soft_w = soft_topk(scaled[soft], k)
             rec["soft_ids"][rows[soft], t] = soft_ids
             rec["soft_weights"][rows[soft], t] = soft_w
@@ -195,7 +211,12 @@ def hybrid_generate(
         full_w = torch.zeros(tokens.shape[0], k, dtype=torch.float32, device=device)
         if soft_ids is not None:
             full_ids[soft], full_w[soft] = soft_ids, soft_w
-        inputs = build_inputs_embeds(E, tokens, full_ids, full_w, soft)
+        full_u = None
+        if gaussian:
+            full_u = torch.zeros(tokens.shape[0], E.shape[1], dtype=torch.float32, device=device)
+            if noisy is not None:
+                full_u[soft] = noisy
+        inputs = build_inputs_embeds(E, tokens, full_ids, full_w, soft, gate=gate, soft_inputs=full_u)
         if spec.compact_finished_rows and not alive.all():
             keep = alive.nonzero(as_tuple=True)[0]
             cache.reorder_cache(keep)

@@ -20,6 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .backbone import Backbone, positions_from_mask
+from .latent import GaussianSoftTokens, HrpoGate
 from .mixture import build_inputs_embeds
 from .objective import k3, two_class_kl
 
@@ -33,13 +34,16 @@ class StepScores:
     p_hard: torch.Tensor            # rho_theta(hard|h_t) (1 where no router)
     kl_tok: torch.Tensor            # k3 or full KL to pi_ref (0 if no reference)
     kl_act: torch.Tensor            # KL(rho_theta || rho_ref) (0 if no reference / router)
+    logp_latent: torch.Tensor | None = None  # Soft Tokens: log N(u_t; mean_theta, sigma^2 I) at soft steps
 
 
-def sequence_hidden(backbone: Backbone, rollout) -> torch.Tensor:
-    """Normed hidden states [B, T, d] that predict the T completion steps."""
+def sequence_hidden(backbone: Backbone, rollout, gate=None) -> torch.Tensor:
+    """Normed hidden states [B, T, d] that predict the T completion steps (``gate``: HRPO's)."""
     P = rollout.prompt_ids.shape[1]
     E = backbone.embed_weight
-    completion = build_inputs_embeds(E, rollout.token_ids, rollout.soft_ids, rollout.soft_weights, rollout.is_soft)
+    soft_inputs = rollout.soft_inputs if rollout.soft_inputs.shape[-1] else None
+    completion = build_inputs_embeds(E, rollout.token_ids, rollout.soft_ids, rollout.soft_weights, rollout.is_soft,
+                                     gate=gate, soft_inputs=soft_inputs)
     inputs = torch.cat([E[rollout.prompt_ids], completion], dim=1)
     mask = torch.cat([rollout.prompt_mask.long(), rollout.completion_mask.long()], dim=1)
     hidden = backbone.hidden(inputs, mask, positions_from_mask(mask))
@@ -70,6 +74,18 @@ def _chunked(fn, chunk_size, *tensors, **kwargs):
     return torch.cat(outs) if outs else tensors[0].new_zeros(0)
 
 
+def _gaussian_chunk(head, embedding, hidden, inputs, temperature, noise):
+    return noise.log_likelihood(inputs, noise.mean(head(hidden).float() / temperature, embedding))
+
+
+def latent_logprobs(head, embedding, hidden, inputs, mask, temperature, chunk_size, noise) -> torch.Tensor:
+    """Soft Tokens: log N(u_t; softmax(head(h)/T_s) @ E, sigma^2 I) at masked steps, 0 elsewhere."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    out[mask] = _chunked(lambda h, u: _gaussian_chunk(head, embedding, h, u, temperature, noise), chunk_size,
+                         hidden[mask], inputs[mask])
+    return out
+
+
 def token_logprobs(head, hidden, targets, mask, temperature, chunk_size) -> torch.Tensor:
     """log softmax(head(h)/T_s)[v_t] at masked positions, 0 elsewhere; [B, T] fp32."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
@@ -97,14 +113,19 @@ def score_rollout(
     use_router: bool,
     with_reference: bool,
     token_kl: str = "k3",
+    latent=None,
 ) -> StepScores:
-    """Policy (and reference) scores of a recorded batch; gradients flow to LoRA and router.
+    """Policy (and reference) scores of a recorded batch; gradients flow to LoRA and router
+    (and HRPO's gate, through the rebuilt inputs).
 
     The reference is the same backbone with its adapter disabled, fed the same inputs;
     ``ref_router`` (a frozen copy of the initial router) reads its hidden states.
+    ``latent``: HRPO's gate (rebuilds gated inputs) or Soft Tokens' noise model (adds
+    ``logp_latent`` at soft steps).
     """
+    gate = latent if isinstance(latent, HrpoGate) else None
     mask = rollout.completion_mask
-    hidden = sequence_hidden(backbone, rollout)
+    hidden = sequence_hidden(backbone, rollout, gate)
     logp_tok = token_logprobs(backbone.logits, hidden, rollout.token_ids, mask, temperature, chunk_size)
     zeros = torch.zeros_like(logp_tok)
     logp_act, p_hard, kl_tok, kl_act = zeros, torch.ones_like(logp_tok), zeros, zeros
@@ -112,9 +133,13 @@ def score_rollout(
         act_logp = router.log_probs(hidden)                               # [B, T, 2]
         logp_act = act_logp.gather(-1, rollout.is_soft.long()[..., None]).squeeze(-1)
         p_hard = act_logp[..., 0].exp()
+    logp_latent = None
+    if isinstance(latent, GaussianSoftTokens):
+        logp_latent = latent_logprobs(backbone.logits, backbone.embed_weight, hidden, rollout.soft_inputs,
+                                      mask & rollout.is_soft, temperature, chunk_size, latent)
     if with_reference:
         with torch.no_grad(), backbone.adapter_disabled():
-            ref_hidden = sequence_hidden(backbone, rollout)
+            ref_hidden = sequence_hidden(backbone, rollout, gate)
             if token_kl == "k3":
                 ref_logp = token_logprobs(backbone.logits, ref_hidden, rollout.token_ids, mask,
                                           temperature, chunk_size)
@@ -124,4 +149,5 @@ def score_rollout(
             kl_tok = full_token_kl(backbone.logits, hidden, ref_hidden, mask, temperature, chunk_size)
         if use_router:
             kl_act = two_class_kl(act_logp, ref_router.log_probs(ref_hidden))
-    return StepScores(logp_tok=logp_tok, logp_act=logp_act, p_hard=p_hard, kl_tok=kl_tok, kl_act=kl_act)
+    return StepScores(logp_tok=logp_tok, logp_act=logp_act, p_hard=p_hard, kl_tok=kl_tok, kl_act=kl_act,
+                      logp_latent=logp_latent)

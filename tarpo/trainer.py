@@ -13,13 +13,16 @@ What is overridden, and why:
   advantages are computed here, over whole groups, by :func:`group_advantages`.
 - ``_compute_loss``: rebuilds the inputs, scores policy and reference
   (:func:`tarpo.scoring.score_rollout`) and applies :func:`tarpo.objective.tarpo_loss`.
-- ``create_optimizer``: two parameter groups, LoRA at ``learning_rate`` and the router
-  at ``router_lr`` (the optimizer itself is ``args.optim``, see ``TarpoConfig.optim``).
+- ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router
+  (``router_lr``) and HRPO's gate (``hrpo_lr``) (the optimizer itself is ``args.optim``,
+  see ``TarpoConfig.optim``).
 - ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
-  frozen reference router) are saved beside the adapter and restored on resume.
+  frozen reference router, and HRPO's gate) are saved beside the adapter and restored.
 
-The router is registered as a submodule of the PEFT model's base model, so the Trainer
-zeroes, clips and (under DDP) synchronises its gradients with the LoRA ones.
+The router (and the gate) are registered as submodules of the PEFT model's base model, so
+the Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones.
+The router is trainable only under ``routing="learned"``; the baselines of DESIGN §3
+(``hard``, ``soft``, ``entropy``, ``hrpo``, ``soft_tokens``) are routings of the same trainer.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from .backbone import Backbone, unwrap
 from .config import TarpoConfig
+from .latent import GaussianSoftTokens, HrpoGate
 from .modeling import lora_config, new_router
 from .objective import group_advantages, tarpo_loss
 from .rollout import Rollout, RolloutSpec, hybrid_generate
@@ -44,7 +48,7 @@ from .tagging import token_piece_fn
 REF_ROUTER_DIR = "router_ref"
 _ROLLOUT_KEYS = [
     "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
-    "soft_weights", "p_soft", "entropy", "logp", "ended_with_eos",
+    "soft_weights", "p_soft", "entropy", "logp", "soft_inputs", "ended_with_eos",
 ]
 
 
@@ -107,11 +111,26 @@ class TarpoTrainer(GRPOTrainer):
         self.ref_router = router.frozen_copy()
         self.piece = token_piece_fn(self.processing_class)
         self.use_router = args.routing == "learned"
+        router.requires_grad_(self.use_router)  # the baselines never train it
+        if args.routing == "hrpo":
+            base.tarpo_gate = HrpoGate(base.config.hidden_size, c=args.hrpo_c, seed=args.seed).to(
+                self.accelerator.device)
+        self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
+                      if args.routing == "soft_tokens" else None)
 
     # ------------------------------------------------------------------ parts
     @property
     def router(self) -> Router:
         return unwrap(self.accelerator.unwrap_model(self.model)).tarpo_router
+
+    @property
+    def gate(self) -> HrpoGate | None:
+        return getattr(unwrap(self.accelerator.unwrap_model(self.model)), "tarpo_gate", None)
+
+    @property
+    def latent(self):
+        """What soft steps feed besides the plain mixture: HRPO's gate or Soft Tokens' noise."""
+        return self.gate if self.gate is not None else self.noise
 
     def backbone(self) -> Backbone:
         return Backbone(self.accelerator.unwrap_model(self.model))
@@ -130,12 +149,16 @@ class TarpoTrainer(GRPOTrainer):
         args = self.args
         cls, kwargs = self.get_optimizer_cls_and_kwargs(args, opt_model)
         router_ids = {id(p) for p in self.router.parameters()}
+        gate_ids = {id(p) for p in self.gate.parameters()} if self.gate is not None else set()
         trainable = [p for p in opt_model.parameters() if p.requires_grad]
         groups = [
-            {"params": [p for p in trainable if id(p) not in router_ids], "weight_decay": args.weight_decay},
+            {"params": [p for p in trainable if id(p) not in router_ids | gate_ids], "weight_decay": args.weight_decay},
             # The router's bias is the soft-rate prior b0; weight decay would erode it.
             {"params": [p for p in trainable if id(p) in router_ids], "lr": args.router_lr, "weight_decay": 0.0},
+            # HRPO's gate: its own LR; no decay (Lambda sets the initial ~99% token-embedding share).
+            {"params": [p for p in trainable if id(p) in gate_ids], "lr": args.hrpo_lr, "weight_decay": 0.0},
         ]
+        groups = [g for g in groups if g["params"]]
         self.optimizer = cls(groups, **kwargs)
         return self.optimizer
 
@@ -150,7 +173,7 @@ class TarpoTrainer(GRPOTrainer):
         model = self.accelerator.unwrap_model(self.model)
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             rollout = hybrid_generate(Backbone(model), self.router, prompt_ids, prompt_mask, spec, self.piece,
-                                      self.eos_token_ids, self.processing_class.pad_token_id)
+                                      self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent)
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
@@ -198,7 +221,7 @@ class TarpoTrainer(GRPOTrainer):
         scores = score_rollout(self.backbone(), self.router, self.ref_router.to(self.accelerator.device), rollout,
                                temperature=args.temperature, chunk_size=args.logprob_chunk_size,
                                use_router=self.use_router, with_reference=args.beta != 0.0,
-                               token_kl=args.token_kl)
+                               token_kl=args.token_kl, latent=self.latent)
         old_tok = old_act = None
         if self.off_policy:
             old_tok = rollout.logp
@@ -209,6 +232,7 @@ class TarpoTrainer(GRPOTrainer):
             is_soft=rollout.is_soft, decided=rollout.decided, lambda_act=args.lambda_act, beta=args.beta,
             alpha=args.alpha_action_kl, use_router=self.use_router, detach_kl_weight=args.detach_kl_weight,
             old_logp_tok=old_tok, old_logp_act=old_act, clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
+            token_loss_on_soft=args.routing == "hrpo", logp_latent=scores.logp_latent,
         )
         mode = "train" if self.model.training else "eval"
         # Drift between the sampling-time and the training-forward log-probs of the same tokens:
@@ -224,6 +248,8 @@ class TarpoTrainer(GRPOTrainer):
         if self.args.should_save:
             self.router.save(directory)
             self.ref_router.save(os.path.join(directory, REF_ROUTER_DIR))
+            if self.gate is not None:
+                self.gate.save(directory)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
@@ -242,3 +268,5 @@ class TarpoTrainer(GRPOTrainer):
         self.router.to(device)
         self.ref_router = Router.load(os.path.join(resume_from_checkpoint, REF_ROUTER_DIR), device=device)
         self.ref_router.requires_grad_(False)
+        if self.gate is not None:
+            self.gate.load_state_dict(HrpoGate.load(resume_from_checkpoint).state_dict())
