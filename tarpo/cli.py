@@ -10,7 +10,8 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = {"grade": "tarpo.grade", "eval": "tarpo.eval", "table": "tarpo.tables"}
+COMMANDS = {"grade": "tarpo.grade", "eval": "tarpo.eval", "table": "tarpo.tables", "plot": "tarpo.plot",
+            "case": "tarpo.case"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@
 
 ``python -m tarpo.demo --help`` lists the settings; ``run_demo.sh`` sets them as shell
 variables. The run folder holds ``config.json``, each run's ``metrics.jsonl``,
-``table.md`` and ``summary.json``.
+``curves.png`` (training curves), ``table.md`` and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -26,13 +26,15 @@ import time
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
+from .callbacks import JsonlLogger, ProgressBar
 from .config import TarpoConfig
 from .evaluation import sample, score_records, summarize
 from .graders import reward_function
 from .modeling import load_trained
+from .plot import plot_runs
 from .rollout import RolloutSpec
 from .synthetic import completion_text, make_split, noisy_demonstration
 from .tasks import load_task, messages
@@ -110,17 +112,6 @@ def supervised_warm_start(model, tokenizer, records, steps: int, lr: float, batc
 
 
 # ---------------------------------------------------------------- RL
-class JsonlLogger(TrainerCallback):
-    """Appends every log record of the Trainer to a JSONL file (the run's metrics log)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"step": state.global_step, **(logs or {})}) + "\n")
-
-
 def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
     """Train ``algo`` ('grpo': routing hard; 'tarpo': learned routing) from the warm start,
     with the task's correctness reward unless ``reward`` is given."""
@@ -142,29 +133,12 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
     open(log_path, "w").close()
     train = load_task("arith", split="train")
     trainer = TarpoTrainer(model=model, reward_funcs=reward or reward_function("arith"), args=config, train_dataset=train,
-                           processing_class=tokenizer, callbacks=[JsonlLogger(log_path), _Progress(algo, args.steps)])
+                           processing_class=tokenizer, callbacks=[JsonlLogger(log_path), ProgressBar(algo, args.steps)])
     trainer.remove_callback(PrinterCallback)  # the progress bar and metrics.jsonl report instead
     trainer.train()
     adapter = os.path.join(out_dir, "adapter")
     trainer.save_model(adapter)
     return adapter
-
-
-class _Progress(TrainerCallback):
-    def __init__(self, name, steps):
-        self.bar = tqdm(total=steps, desc=f"RL {name}", mininterval=5)
-        self.reward = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "reward" in logs:
-            self.reward.append(logs["reward"])
-            self.bar.set_postfix(reward=f"{sum(self.reward[-20:]) / len(self.reward[-20:]):.3f}")
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.bar.update(1)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.bar.close()
 
 
 # ---------------------------------------------------------------- evaluation and report
@@ -231,6 +205,9 @@ def main(argv=None) -> str:
     for algo in [a for a in args.algos.split(",") if a]:
         adapter = train_rl(algo, base, os.path.join(args.out, algo), args)
         summary[algo] = evaluate_system(algo, base, adapter, args)
+    algos = [a for a in args.algos.split(",") if a]
+    if algos:  # the training curves of the RL runs, as `tarpo plot` draws them
+        plot_runs([os.path.join(args.out, a) for a in algos], algos, os.path.join(args.out, "curves.png"))
     table = render_table(summary, args.eval_n)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table + "\n")

@@ -76,6 +76,6 @@ def test_demo_pipeline_writes_the_run_folder(warm, tmp_path, capsys):
     for system in summary.values():
         assert {"pass@1", "pass@k", "soft_ratio", "units"} <= set(system)
     assert summary["cot"]["soft_ratio"] == 0 and summary["grpo"]["soft_ratio"] == 0
-    assert {"config.json", "table.md", "summary.json"} <= set(os.listdir(out))
+    assert {"config.json", "table.md", "summary.json", "curves.png"} <= set(os.listdir(out))
     assert os.path.exists(out / "tarpo" / "metrics.jsonl") and os.path.exists(out / "tarpo" / "adapter")
     assert capsys.readouterr().out.strip().splitlines()[-1] == os.path.abspath(path)

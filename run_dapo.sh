@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# TARPO (or a baseline, ALGO) on DAPO-Math-17k with one GPU, then optionally the paper's evaluation
+# (out of domain: GPQA-Diamond, ARC-Challenge, HumanEval). Edit the variables below or set
+# them in the environment:   BETA=0.01 bash run_dapo.sh    MODEL=qwen2.5-7b ALGO=hrpo bash run_dapo.sh
+# An empty value means the paper's value for DAPO-Math-17k and MODEL (DESIGN §5; the values live in
+# tarpo/presets.py). DRY_RUN=1 prints the resolved configuration (its last line is one JSON
+# object) and exits.
+set -euo pipefail
+set -a
+MODEL=${MODEL:-qwen2.5-3b}         # qwen2.5-1.5b | qwen2.5-3b | qwen2.5-7b | llama3.1-8b | hub id | local folder
+ALGO=${ALGO:-tarpo}                # tarpo | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens
+DATA_PATH=${DATA_PATH:-}           # local training data (file or folder); empty: the hub
+OUT_DIR=${OUT_DIR:-runs}           # the run folder is OUT_DIR/<name encoding the key settings>
+SEED=${SEED:-}
+GROUP_SIZE=${GROUP_SIZE:-}         # G
+BATCH=${BATCH:-}                   # completions per optimizer step
+LR=${LR:-}                         # LoRA learning rate
+ROUTER_LR=${ROUTER_LR:-}
+HRPO_LR=${HRPO_LR:-}               # ALGO=hrpo: the gate's learning rate
+BETA=${BETA:-}                     # token KL weight
+ALPHA=${ALPHA:-}                   # action KL weight
+LAMBDA=${LAMBDA:-}                 # router policy-gradient weight
+ACTION_BIAS=${ACTION_BIAS:-}       # router bias b0, e.g. 2.2,0
+ACTION_TEMPERATURE=${ACTION_TEMPERATURE:-}
+TEMPERATURE=${TEMPERATURE:-}       # sampling temperature
+SOFT_TOP_K=${SOFT_TOP_K:-}
+ENTROPY_THRESHOLD=${ENTROPY_THRESHOLD:-}  # ALGO=grpo_entropy
+NOISE_SCALE=${NOISE_SCALE:-}       # ALGO=soft_tokens: noise std / rms(E)
+LORA_R=${LORA_R:-}
+LORA_ALPHA=${LORA_ALPHA:-}
+LORA_TARGETS=${LORA_TARGETS:-}     # e.g. q_proj,k_proj,v_proj,o_proj
+MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-}
+MAX_COMPLETION_LENGTH=${MAX_COMPLETION_LENGTH:-}
+WEIGHT_DECAY=${WEIGHT_DECAY:-}
+MAX_GRAD_NORM=${MAX_GRAD_NORM:-}
+WARMUP=${WARMUP:-}                 # warm-up: a fraction of the steps if < 1
+LR_SCHEDULE=${LR_SCHEDULE:-}
+EPOCHS=${EPOCHS:-}
+MAX_STEPS=${MAX_STEPS:-}           # > 0 overrides EPOCHS
+TRAIN_LIMIT=${TRAIN_LIMIT:-}       # first N training questions (quick trials)
+EVAL=${EVAL:-0}                    # 1: evaluate the trained system after training
+EVAL_N=${EVAL_N:-}                 # samples per question (paper: 32)
+EVAL_LIMIT=${EVAL_LIMIT:-}         # first N questions per benchmark
+EVAL_DATA_DIR=${EVAL_DATA_DIR:-}   # local benchmark folders (<task>/); empty: the hub
+DRY_RUN=${DRY_RUN:-0}
+set +a
+exec bash "$(dirname "$0")/scripts/launch.sh" dapo

@@ -1,0 +1,145 @@
+"""What ``run_gsm8k.sh``, ``run_math.sh`` and ``run_dapo.sh`` run: ``python -m tarpo.launch <dataset>``.
+
+The launcher's shell variables (and the environment) override the presets of
+:mod:`tarpo.presets`; an empty variable means "the paper's value". Steps:
+
+1. resolve the configuration and check it (bad values name their variable);
+   ``DRY_RUN=1`` prints it, the last line being the configuration as one JSON object;
+2. refuse to start a hub model without CUDA (a tiny local model may run on CPU);
+3. train with :class:`tarpo.trainer.TarpoTrainer` into the run folder (``launch_config.json``,
+   ``metrics.jsonl``, checkpoints, ``adapter/`` with the router), resuming from the last
+   checkpoint there if any;
+4. with ``EVAL=1``, evaluate the trained system on the data set's benchmarks with
+   ``tarpo eval`` into ``<run>/eval``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .presets import resolve
+
+TINY_PARAMS = 100_000_000
+
+
+def estimated_params(folder: str) -> int | None:
+    """Parameter count estimated from a local model folder's config.json (None if unreadable)."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            c = json.load(f)
+        h, layers, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
+    except (OSError, KeyError, ValueError):
+        return None
+    return layers * (4 * h * h + 3 * h * inter) + 2 * vocab * h
+
+
+def check_runnable(cfg: dict, cuda: bool) -> None:
+    """Without CUDA only a tiny local model may train (the CPU path is for tests and demos)."""
+    if cuda:
+        return
+    n = estimated_params(cfg["model"]) if os.path.isdir(cfg["model"]) else None
+    if n is None or n > TINY_PARAMS:
+        raise SystemExit(
+            f"No CUDA device: {cfg['model']} needs a GPU for this run. On a CPU-only machine run the demo "
+            "instead (`bash run_demo.sh`), or set MODEL to a tiny local model folder "
+            f"(< {TINY_PARAMS // 10**6}M parameters) to try the pipeline.")
+
+
+def check_data(cfg: dict) -> None:
+    path = cfg["data_path"]
+    if path is not None and not os.path.exists(path):
+        raise ValueError(f"DATA_PATH={path}: no such file or folder")
+    if cfg["eval_data_dir"] is not None and not os.path.isdir(cfg["eval_data_dir"]):
+        raise ValueError(f"EVAL_DATA_DIR={cfg['eval_data_dir']}: no such folder")
+
+
+def print_config(cfg: dict) -> None:
+    for key, value in cfg.items():
+        if key != "trainer":
+            print(f"{key:>16} = {value}")
+    for key, value in cfg["trainer"].items():
+        print(f"{'trainer.' + key:>32} = {value}")
+    print(json.dumps(cfg, sort_keys=True))
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def train(cfg: dict) -> str:
+    """Train into ``cfg['run_dir']``; returns the saved adapter folder."""
+    import torch
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from .callbacks import JsonlLogger
+    from .config import TarpoConfig
+    from .graders import reward_function
+    from .modeling import load_base_model, load_tokenizer
+    from .tasks import load_task
+    from .trainer import TarpoTrainer
+
+    run_dir = cfg["run_dir"]
+    args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
+    dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
+    os.makedirs(run_dir, exist_ok=True)
+    _write_json(os.path.join(run_dir, "launch_config.json"), cfg)
+    cuda = torch.cuda.is_available()
+    model = load_base_model(cfg["model"], "bfloat16" if args.bf16 else "float32", "cuda" if cuda else None)
+    trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
+                           processing_class=load_tokenizer(cfg["model"]),
+                           callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
+    last = get_last_checkpoint(run_dir) if os.path.isdir(run_dir) else None
+    trainer.train(resume_from_checkpoint=last)
+    adapter = os.path.join(run_dir, "adapter")
+    trainer.save_model(adapter)
+    return adapter
+
+
+def evaluate(cfg: dict, adapter: str) -> int:
+    from .cli import main as cli
+    args = ["eval", "--model", cfg["model"], "--adapter", adapter, "--mode", cfg["eval_mode"], "--system",
+            cfg["system"], "--tasks", ",".join(cfg["eval_tasks"]), "--n", str(cfg["eval_n"]),
+            "--out", os.path.join(cfg["run_dir"], "eval"), "--seed", str(cfg["trainer"]["seed"])]
+    if cfg["eval_limit"]:
+        args += ["--limit", str(cfg["eval_limit"])]
+    if cfg["eval_data_dir"]:
+        args += ["--data-dir", cfg["eval_data_dir"]]
+    return cli(args)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m tarpo.launch {gsm8k|math|dapo}   (settings come from the environment)",
+              file=sys.stderr)
+        return 2
+    try:
+        cfg = resolve(argv[0], dict(os.environ))
+        check_data(cfg)
+    except ValueError as exc:
+        print(f"tarpo launch: error: {exc}", file=sys.stderr)
+        return 2
+    if cfg["dry_run"]:
+        print_config(cfg)
+        return 0
+    import torch
+    cuda = torch.cuda.is_available()
+    check_runnable(cfg, cuda)
+    if not cuda and "BF16" not in os.environ:
+        cfg["trainer"]["bf16"] = False  # a tiny local model on CPU trains in fp32
+    try:
+        adapter = train(cfg)
+    except ValueError as exc:
+        print(f"tarpo launch: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"adapter and router saved to {adapter}")
+    return evaluate(cfg, adapter) if cfg["eval"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

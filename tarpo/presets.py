@@ -1,0 +1,139 @@
+"""The paper's runs as data: the one place where the launchers' defaults live (DESIGN §5).
+
+A run is a data set preset (GSM8K, MATH, DAPO-Math-17k), a model preset and an algorithm;
+:func:`resolve` merges them with user overrides into the keyword arguments of
+:class:`tarpo.config.TarpoConfig` plus the launcher's own settings.
+
+    >>> cfg = resolve("math", {})
+    >>> cfg["model"], cfg["trainer"]["action_bias"], cfg["trainer"]["num_generations"]
+    ('Qwen/Qwen2.5-3B-Instruct', [2.2, 0.0], 8)
+    >>> resolve("math", {"MODEL": "qwen2.5-7b"})["trainer"]["action_bias"]
+    [4.6, 0.0]
+"""
+
+from __future__ import annotations
+
+import os
+
+# ---- DESIGN §5, one row per data set: group size, completions per step, train lengths, evaluation
+DATASETS = {
+    "gsm8k": dict(task="gsm8k", num_generations=4, per_device_train_batch_size=32,
+                  max_prompt_length=1024, max_completion_length=1024, eval_tasks=["gsm8k"]),
+    "math": dict(task="math", num_generations=8, per_device_train_batch_size=64,
+                 max_prompt_length=1024, max_completion_length=1024,
+                 eval_tasks=["math", "amc23", "olympiadbench"]),  # MATH-500: the subset of the MATH run
+    "dapo": dict(task="dapo", num_generations=8, per_device_train_batch_size=64,
+                 max_prompt_length=1024, max_completion_length=2048,
+                 eval_tasks=["gpqa_diamond", "arc_challenge", "humaneval"]),
+}
+
+# ---- DESIGN §5, per model: router bias b0 and learning rates
+MODELS = {
+    "qwen2.5-1.5b": dict(hub_id="Qwen/Qwen2.5-1.5B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
+                         router_lr=1e-4),
+    "qwen2.5-3b": dict(hub_id="Qwen/Qwen2.5-3B-Instruct", action_bias=[2.2, 0.0], learning_rate=5e-6,
+                       router_lr=1e-4),
+    "qwen2.5-7b": dict(hub_id="Qwen/Qwen2.5-7B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
+                       router_lr=1e-4),
+    "llama3.1-8b": dict(hub_id="meta-llama/Llama-3.1-8B-Instruct", action_bias=[4.6, 0.0], learning_rate=2e-6,
+                        router_lr=2e-6),
+}
+DEFAULT_MODEL = "qwen2.5-3b"
+
+# ---- DESIGN §3: every trained system is one routing rule of the same trainer
+ALGOS = {
+    "tarpo": dict(routing="learned", eval_mode="tarpo", system="TARPO"),
+    "grpo": dict(routing="hard", eval_mode="cot", system="GRPO"),
+    "grpo_pure_latent": dict(routing="soft", eval_mode="pure_latent", system="GRPO w/ Pure Latent"),
+    "grpo_entropy": dict(routing="entropy", eval_mode="entropy", system="GRPO w/ Entropy Routing"),
+    "hrpo": dict(routing="hrpo", eval_mode="hrpo", system="HRPO"),
+    # "Soft Tokens, Hard Truths": trained with noisy soft inputs, evaluated with hard inputs
+    "soft_tokens": dict(routing="soft_tokens", eval_mode="hard", system="Soft Tokens"),
+}
+
+# ---- DESIGN §5 values shared by all runs; a model without a preset gets b0 [4.6, 0] and the Qwen LRs
+COMMON = dict(learning_rate=5e-6, router_lr=1e-4, action_bias=[4.6, 0.0], num_train_epochs=1.0, beta=0.005, alpha_action_kl=1.0, lambda_act=0.1, temperature=0.5,
+              action_temperature=1.0, soft_top_k=30, max_grad_norm=0.1, weight_decay=0.1, adam_beta2=0.99,
+              lr_scheduler_type="cosine", warmup_steps=0.1, lora_r=32, lora_alpha=64,
+              lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], optim="paged_adamw_8bit", bf16=True,
+              gradient_checkpointing=True, seed=0, logging_steps=1, save_steps=100)
+
+# ---- shell variable -> (TarpoConfig field, parser); every one can be set in the launcher or the environment
+def _floats(s):
+    return [float(x) for x in s.replace("[", "").replace("]", "").split(",") if x.strip()]
+
+
+def _names(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _bool(s):
+    if s.lower() in ("1", "true", "yes"):
+        return True
+    if s.lower() in ("0", "false", "no"):
+        return False
+    raise ValueError("must be 0/1")
+
+
+VARIABLES = {
+    "SEED": ("seed", int), "GROUP_SIZE": ("num_generations", int), "BATCH": ("per_device_train_batch_size", int),
+    "LR": ("learning_rate", float), "ROUTER_LR": ("router_lr", float), "HRPO_LR": ("hrpo_lr", float),
+    "BETA": ("beta", float), "ALPHA": ("alpha_action_kl", float), "LAMBDA": ("lambda_act", float),
+    "ACTION_BIAS": ("action_bias", _floats), "ACTION_TEMPERATURE": ("action_temperature", float),
+    "TEMPERATURE": ("temperature", float), "SOFT_TOP_K": ("soft_top_k", int),
+    "ENTROPY_THRESHOLD": ("entropy_threshold", float), "NOISE_SCALE": ("soft_tokens_noise_scale", float),
+    "LORA_R": ("lora_r", int), "LORA_ALPHA": ("lora_alpha", int), "LORA_TARGETS": ("lora_target_modules", _names),
+    "MAX_PROMPT_LENGTH": ("max_prompt_length", int), "MAX_COMPLETION_LENGTH": ("max_completion_length", int),
+    "WEIGHT_DECAY": ("weight_decay", float), "MAX_GRAD_NORM": ("max_grad_norm", float),
+    "WARMUP": ("warmup_steps", float), "LR_SCHEDULE": ("lr_scheduler_type", str),
+    "EPOCHS": ("num_train_epochs", float), "MAX_STEPS": ("max_steps", int), "SAVE_STEPS": ("save_steps", int),
+    "BF16": ("bf16", _bool), "GRAD_CHECKPOINTING": ("gradient_checkpointing", _bool), "OPTIM": ("optim", str),
+}
+# launcher settings (not TarpoConfig fields)
+SETTINGS = {
+    "MODEL": str, "ALGO": str, "DATA_PATH": str, "OUT_DIR": str, "RUN_NAME": str, "TRAIN_LIMIT": int,
+    "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool,
+}
+
+
+def _parse(name, parser, raw):
+    try:
+        return parser(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}={raw!r}: {exc}") from None
+
+
+def resolve(dataset: str, env: dict[str, str]) -> dict:
+    """The full configuration of a launcher run; ``env`` maps variable names to strings
+    (empty or absent = the preset). Raises ``ValueError`` naming the bad variable."""
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset {dataset!r}: known {', '.join(DATASETS)}")
+    env = {k: v for k, v in env.items() if (k in VARIABLES or k in SETTINGS) and v != ""}
+    s = {k: _parse(k, SETTINGS[k], v) for k, v in env.items() if k in SETTINGS}
+    algo = s.get("ALGO", "tarpo")
+    if algo not in ALGOS:
+        raise ValueError(f"ALGO={algo!r}: must be one of {', '.join(ALGOS)}")
+    model_key = s.get("MODEL", DEFAULT_MODEL)
+    preset = MODELS.get(model_key.lower())
+    if preset is None and "/" not in model_key and not os.path.isdir(model_key):
+        raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
+    data = DATASETS[dataset]
+    trainer = {**COMMON, **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
+               **{k: v for k, v in (preset or {}).items() if k != "hub_id"}, "routing": ALGOS[algo]["routing"]}
+    trainer.update({VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES})
+    model = preset["hub_id"] if preset else model_key
+    short = model_key.lower() if preset else os.path.basename(os.path.normpath(model_key))
+    b0 = trainer["action_bias"]
+    name = s.get("RUN_NAME") or (f"{dataset}-{short}-{algo}-g{trainer['num_generations']}"
+                                 f"-bs{trainer['per_device_train_batch_size']}-lr{trainer['learning_rate']:g}"
+                                 f"-beta{trainer['beta']:g}-b0{b0[0]:g}-s{trainer['seed']}")
+    out = os.path.join(s.get("OUT_DIR", "runs"), name)
+    trainer["output_dir"] = out
+    return {
+        "dataset": dataset, "task": data["task"], "algo": algo, "system": ALGOS[algo]["system"],
+        "model": model, "model_name": os.path.basename(model.rstrip("/")), "run_dir": out,
+        "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
+        "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo]["eval_mode"],
+        "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),
+        "dry_run": s.get("DRY_RUN", False), "trainer": trainer,
+    }

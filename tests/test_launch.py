@@ -1,0 +1,128 @@
+"""The launchers (run_*.sh): resolved configurations, CPU refusal, one end-to-end run; plot and case."""
+
+import json
+import os
+import re
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+
+from tarpo.cli import main as cli
+from tarpo.tiny import char_tokenizer, tiny_causal_lm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "..", "shared", "data")
+needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
+                                reason="../shared/data is not beside the checkout")
+
+
+def launch(script, timeout=120, **env):
+    clean = {k: v for k, v in os.environ.items() if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN")}
+    return subprocess.run(["bash", os.path.join(ROOT, script)], capture_output=True, text=True, timeout=timeout,
+                          env={**clean, "HF_HUB_OFFLINE": "1", **env})
+
+
+def dry_run(script, **env):
+    res = launch(script, DRY_RUN="1", **env)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# DESIGN §5 for MATH, as a reader of the paper would write it down.
+PAPER_MATH = dict(num_train_epochs=1.0, optim="paged_adamw_8bit", adam_beta2=0.99, weight_decay=0.1,
+                  learning_rate=5e-6, router_lr=1e-4, beta=0.005, alpha_action_kl=1.0, action_temperature=1.0,
+                  temperature=0.5, num_generations=8, soft_top_k=30, max_grad_norm=0.1,
+                  per_device_train_batch_size=64, lr_scheduler_type="cosine", warmup_steps=0.1, bf16=True,
+                  lora_r=32, lora_alpha=64, lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                  max_prompt_length=1024, max_completion_length=1024, routing="learned")
+
+
+def test_dry_run_math_is_the_paper_configuration_for_qwen_3b_and_7b():
+    cfg = dry_run("run_math.sh")
+    assert cfg["model"] == "Qwen/Qwen2.5-3B-Instruct" and cfg["task"] == "math" and cfg["algo"] == "tarpo"
+    assert {k: cfg["trainer"][k] for k in PAPER_MATH} == PAPER_MATH
+    assert cfg["trainer"]["action_bias"] == [2.2, 0.0]
+    assert cfg["eval_tasks"] == ["math", "amc23", "olympiadbench"] and cfg["eval_n"] == 32
+    name = os.path.basename(cfg["run_dir"])
+    assert name == "math-qwen2.5-3b-tarpo-g8-bs64-lr5e-06-beta0.005-b02.2-s0"
+    seven = dry_run("run_math.sh", MODEL="qwen2.5-7b")
+    assert seven["model"] == "Qwen/Qwen2.5-7B-Instruct" and seven["trainer"]["action_bias"] == [4.6, 0.0]
+    assert {k: seven["trainer"][k] for k in PAPER_MATH} == PAPER_MATH
+
+
+def test_dry_run_other_data_sets_models_and_overrides():
+    gsm = dry_run("run_gsm8k.sh")
+    assert gsm["trainer"]["num_generations"] == 4 and gsm["trainer"]["per_device_train_batch_size"] == 32
+    assert gsm["eval_tasks"] == ["gsm8k"]
+    dapo = dry_run("run_dapo.sh", MODEL="llama3.1-8b", ALGO="hrpo", BETA="0.01")
+    t = dapo["trainer"]
+    assert (t["max_prompt_length"], t["max_completion_length"]) == (1024, 2048)
+    assert (t["learning_rate"], t["router_lr"], t["action_bias"]) == (2e-6, 2e-6, [4.6, 0.0])
+    assert t["routing"] == "hrpo" and t["beta"] == 0.01 and dapo["system"] == "HRPO"
+    assert dapo["eval_tasks"] == ["gpqa_diamond", "arc_challenge", "humaneval"]
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"BETA": "abc"}, "BETA='abc'"), ({"ALGO": "ppo"}, "ALGO='ppo': must be one of"),
+    ({"MODEL": "qwen9"}, "MODEL='qwen9': not a preset"), ({"DATA_PATH": "/no/such"}, "DATA_PATH=/no/such"),
+])
+def test_bad_settings_name_the_variable(env, message):
+    res = launch("run_math.sh", DRY_RUN="1", **env)
+    assert res.returncode == 2 and message in res.stderr
+
+
+def test_hub_model_without_cuda_points_to_the_demo():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    res = launch("run_gsm8k.sh")
+    assert res.returncode != 0 and "run_demo.sh" in res.stderr and "No CUDA" in res.stderr
+
+
+class SoftSpans(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.soft, self.titles = 0, []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "span" and attrs.get("class") == "soft":
+            self.soft += 1
+            self.titles.append(attrs.get("title", ""))
+
+
+@needs_data
+def test_gsm8k_launcher_end_to_end_with_a_tiny_model_then_plot_and_case(tmp_path):
+    tok = char_tokenizer()
+    model = tiny_causal_lm(tok, "qwen2", seed=0)
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    res = launch("run_gsm8k.sh", timeout=600, MODEL=str(tmp_path / "tiny"), DATA_PATH=os.path.join(DATA, "gsm8k"),
+                 OUT_DIR=str(tmp_path / "runs"), TRAIN_LIMIT="8", MAX_STEPS="2", BATCH="8", GROUP_SIZE="4",
+                 MAX_PROMPT_LENGTH="96", MAX_COMPLETION_LENGTH="16", ACTION_BIAS="0,0", LORA_R="4", LORA_ALPHA="8",
+                 EVAL="1", EVAL_N="2", EVAL_LIMIT="3", EVAL_DATA_DIR=DATA)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name == "gsm8k-tiny-tarpo-g4-bs8-lr5e-06-beta0.005-b00-s0"
+    assert json.loads((run / "launch_config.json").read_text())["trainer"]["max_steps"] == 2
+    assert (run / "adapter" / "adapter_config.json").exists() and (run / "adapter" / "router.safetensors").exists()
+    results = json.loads((run / "eval" / "gsm8k.results.json").read_text())
+    assert results["system"] == "TARPO" and results["metrics"]["questions"] == 3 and results["n"] == 2
+
+    png = tmp_path / "curves.png"
+    assert cli(["plot", str(run), str(run / "metrics.jsonl"), "--labels", "a,b", "--out", str(png)]) == 0
+    import matplotlib.image
+    img = matplotlib.image.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 400
+
+    html = tmp_path / "case.html"
+    assert cli(["case", "--model", str(tmp_path / "tiny"), "--adapter", str(run / "adapter"), "--task", "gsm8k",
+                "--data-dir", DATA, "--ids", "0,1", "--n", "3", "--max-new-tokens", "16", "--out", str(html)]) == 0
+    text = html.read_text()
+    parser = SoftSpans()
+    parser.feed(text)
+    counted = sum(int(n) for n in re.findall(r"soft steps (\d+)", text))
+    assert parser.soft == counted > 0  # one highlighted span per soft step
+    assert all(" | " in t or t.count(" ") == 1 for t in parser.titles)  # hover: top-k tokens and weights
+    assert text.count('class="s"') == 6 and "advantage" in text
