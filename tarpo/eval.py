@@ -23,6 +23,7 @@ per task from DESIGN §5.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -157,6 +158,15 @@ def _math500_ids(args) -> tuple[set[str] | None, str]:
         return None, f"unavailable: {exc}"
 
 
+def chunk_seed(seed: int, task: str, chunk: int) -> int:
+    """The seed of one chunk: fixed by (seed, task, chunk), different across tasks and chunks.
+
+    >>> chunk_seed(0, "gsm8k", 0) == chunk_seed(0, "gsm8k", 0) != chunk_seed(0, "math", 0)
+    True
+    """
+    return int(hashlib.sha256(f"{seed}:{task}:{chunk}".encode()).hexdigest()[:15], 16)
+
+
 def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "auto", action_temperature=None):
     """(model, router or None, HRPO gate or None, tokenizer, device) for an inference mode,
     on CUDA when available; ``auto`` dtype = bfloat16 on CUDA, float32 on CPU."""
@@ -181,7 +191,7 @@ def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, 
     started, fresh = time.time(), 0
     bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2)
     for c, (start, stop) in enumerate(traj.chunks[done:], done):
-        generator = torch.Generator(device).manual_seed(args.seed * 1_000_003 + c)
+        generator = torch.Generator(device).manual_seed(chunk_seed(args.seed, task, c))
         chunk = examples[start:stop]
         records = sample(model, router, tokenizer, chunk, args.n, spec, mode=args.mode,
                          max_prompt_length=s["max_prompt_length"], batch_size=len(chunk) * args.n,

@@ -51,8 +51,14 @@ def check_data(cfg: dict) -> None:
     path = cfg["data_path"]
     if path is not None and not os.path.exists(path):
         raise ValueError(f"DATA_PATH={path}: no such file or folder")
-    if cfg["eval_data_dir"] is not None and not os.path.isdir(cfg["eval_data_dir"]):
-        raise ValueError(f"EVAL_DATA_DIR={cfg['eval_data_dir']}: no such folder")
+    root = cfg["eval_data_dir"]
+    if root is not None and not os.path.isdir(root):
+        raise ValueError(f"EVAL_DATA_DIR={root}: no such folder")
+    if cfg["eval"] and root is not None:
+        missing = [t for t in cfg["eval_tasks"] if not os.path.exists(os.path.join(root, t))]
+        if missing:
+            raise ValueError(f"EVAL_DATA_DIR={root}: no folder for {', '.join(missing)} (EVAL=1 evaluates "
+                             f"{', '.join(cfg['eval_tasks'])})")
 
 
 def print_config(cfg: dict) -> None:

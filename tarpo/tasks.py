@@ -191,6 +191,7 @@ class Task:
     eval_lengths: tuple[int, int] = (512, 1024)   # max prompt / new tokens at test time (DESIGN §5)
     id_fields: tuple[str, ...] = ("unique_id", "id", "task_id")
     generate: Callable | None = None             # split -> records, for synthetic tasks (no hub)
+    local_split: str | None = None               # split name of local files if not `split` (eval-only sets)
 
 
 TASKS: dict[str, Task] = {t.name: t for t in [
@@ -199,14 +200,14 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     Task("math500", "math", parse_math, "math_verify", "HuggingFaceH4/MATH-500"),
     Task("amc23", "math", parse_math, "math_verify", "math-ai/amc23", eval_lengths=(2048, 2048)),
     Task("aime24", "math", parse_math, "math_verify", "HuggingFaceH4/aime_2024", split="train",
-         eval_lengths=(2048, 2048)),
+         eval_lengths=(2048, 2048), local_split="test"),
     Task("aime25", "math", parse_math, "math_verify", "math-ai/aime25", eval_lengths=(2048, 2048)),
     Task("olympiadbench", "math", parse_olympiad, "math_verify", "Hothan/OlympiadBench", "OE_TO_maths_en_COMP",
-         split="train", eval_lengths=(4096, 4096)),
+         split="train", eval_lengths=(4096, 4096), local_split="test"),
     Task("dapo", "math", parse_dapo, "math_verify", "open-r1/DAPO-Math-17k-Processed", "en", split="train",
          eval_lengths=(1024, 2048)),
     Task("gpqa_diamond", "multiple_choice", parse_gpqa, "multiple_choice", "Idavidrein/gpqa", "gpqa_diamond",
-         split="train", eval_lengths=(1024, 1024)),
+         split="train", eval_lengths=(1024, 1024), local_split="test"),
     Task("arc_challenge", "multiple_choice", parse_arc, "multiple_choice", "allenai/ai2_arc", "ARC-Challenge",
          eval_lengths=(1024, 1024)),
     Task("humaneval", "code", parse_humaneval, "humaneval", "openai/openai_humaneval",
@@ -285,7 +286,7 @@ def load_task(name: str, path: str | None = None, split: str | None = None, limi
               ) -> datasets.Dataset:
     """Normalised examples of a task, from ``path`` (file or folder) or the hub."""
     task = get_task(name)
-    split = split or task.split
+    split = split or (task.local_split if path and task.local_split else task.split)
     raw = _read_local(path, split) if path else _read_hub(task, split)
     if not raw:
         raise DataError(f"{path or task.hub_id}: no records")

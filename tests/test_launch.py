@@ -126,3 +126,9 @@ def test_gsm8k_launcher_end_to_end_with_a_tiny_model_then_plot_and_case(tmp_path
     assert parser.soft == counted > 0  # one highlighted span per soft step
     assert all(" | " in t or t.count(" ") == 1 for t in parser.titles)  # hover: top-k tokens and weights
     assert text.count('class="s"') == 6 and "advantage" in text
+
+
+@needs_data
+def test_missing_evaluation_data_is_reported_before_training():
+    res = launch("run_dapo.sh", DRY_RUN="1", EVAL="1", EVAL_DATA_DIR=DATA)  # GPQA is not in ../shared/data
+    assert res.returncode == 2 and "no folder for gpqa_diamond" in res.stderr
