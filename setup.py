@@ -17,7 +17,8 @@ setup(
     long_description=(here / "README.md").read_text(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["tarpo", "tarpo.*"]),
+    packages=find_packages(include=["tarpo", "tarpo.*"]) + ["tarpo.patches"],
+    package_dir={"tarpo.patches": "patches"},  # patches/ installs as tarpo.patches, never as `patches`
     package_data={"tarpo": ["resources/*.json"]},
     install_requires=requirements,
     entry_points={"console_scripts": ["tarpo = tarpo.cli:main"]},

@@ -9,6 +9,8 @@ turns them off for the reference pass.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -31,8 +33,10 @@ class Backbone:
     def embed_weight(self) -> torch.Tensor:
         return self.embedding.weight
 
-    def hidden(self, inputs_embeds, attention_mask, position_ids, cache=None) -> torch.Tensor:
-        """Normed final hidden states [B, L, d]; ``cache`` is extended in place."""
+    def hidden(self, inputs_embeds, attention_mask, position_ids, cache=None, token_ids=None) -> torch.Tensor:
+        """Normed final hidden states [B, L, d]; ``cache`` is extended in place. ``token_ids``
+        (the ids behind the inputs, placeholders at soft steps) serve backends that take
+        ids (:class:`tarpo.hooks.HookedBackbone`); this one feeds ``inputs_embeds``."""
         out = self.decoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                            position_ids=position_ids, past_key_values=cache, use_cache=cache is not None)
         return out.last_hidden_state
@@ -46,6 +50,10 @@ class Backbone:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def decoding(self):
+        """Context for a decode loop (a backend may switch modes, see tarpo.hooks.UnslothBackbone)."""
+        return contextlib.nullcontext()
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

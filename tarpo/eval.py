@@ -74,6 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--grader", help="override the task's grader")
+    p.add_argument("--backend", default="auto", choices=["auto", "hf", "unsloth"],
+                   help="auto: Unsloth (tarpo.patches) on CUDA with the gpu extra, else transformers")
     p.add_argument("--restart", action="store_true", help="delete old trajectories of these tasks and start over")
 
 
@@ -167,12 +169,13 @@ def chunk_seed(seed: int, task: str, chunk: int) -> int:
     return int(hashlib.sha256(f"{seed}:{task}:{chunk}".encode()).hexdigest()[:15], 16)
 
 
-def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "auto", action_temperature=None):
+def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "auto", action_temperature=None,
+                backend: str = "hf"):
     """(model, router or None, HRPO gate or None, tokenizer, device) for an inference mode,
     on CUDA when available; ``auto`` dtype = bfloat16 on CUDA, float32 on CPU."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype if dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
-    model, router, tokenizer = load_trained(model_path, adapter, dtype=dtype, device=device)
+    model, router, tokenizer = load_trained(model_path, adapter, dtype=dtype, device=device, backend=backend)
     model.eval()
     if router is not None and action_temperature is not None:
         router.temperature = action_temperature
@@ -248,7 +251,7 @@ def run(args) -> int:
         plans.append((task, examples, traj))
 
     model, router, gate, tokenizer, device = load_system(args.model, args.adapter, args.mode, args.dtype,
-                                                         args.action_temperature)
+                                                         args.action_temperature, args.backend)
     lines = []
     for task, examples, traj in plans:
         res = evaluate_task(args, task, examples, traj, model, router, gate, tokenizer, device)

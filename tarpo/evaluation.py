@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from .backbone import Backbone
+from .hooks import make_backbone
 from .graders import grade_batch
 from .metrics import majority_vote, mean_pass_at_k, mean_sd_ci
 from .rollout import RolloutSpec, hybrid_generate
@@ -46,7 +46,7 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
     if mode == "hrpo" and gate is None:
         raise ValueError("mode 'hrpo' needs a trained HRPO gate")
     spec = spec_for_mode(mode, spec)
-    backbone = Backbone(model)
+    backbone = make_backbone(model)
     device = next(model.parameters()).device
     piece = token_piece_fn(tokenizer)
     jobs = [(ex, i) for ex in examples for i in range(n)]

@@ -85,7 +85,7 @@ def train(cfg: dict) -> str:
     from .callbacks import JsonlLogger
     from .config import TarpoConfig
     from .graders import reward_function
-    from .modeling import load_base_model, load_tokenizer
+    from .modeling import load_base_model, load_tokenizer, resolve_backend, unsloth_policy
     from .tasks import load_task
     from .trainer import TarpoTrainer
 
@@ -95,7 +95,12 @@ def train(cfg: dict) -> str:
     os.makedirs(run_dir, exist_ok=True)
     _write_json(os.path.join(run_dir, "launch_config.json"), cfg)
     cuda = torch.cuda.is_available()
-    model = load_base_model(cfg["model"], "bfloat16" if args.bf16 else "float32", "cuda" if cuda else None)
+    dtype = "bfloat16" if args.bf16 else "float32"
+    if resolve_backend(cfg["backend"]) == "unsloth":
+        model = unsloth_policy(cfg["model"], args, dtype)  # LoRA + Unsloth checkpointing + tarpo.patches
+        args.gradient_checkpointing = False  # Unsloth's own checkpointing is on; the Trainer must not add HF's
+    else:
+        model = load_base_model(cfg["model"], dtype, "cuda" if cuda else None)
     trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
                            processing_class=load_tokenizer(cfg["model"]),
                            callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
@@ -110,7 +115,8 @@ def evaluate(cfg: dict, adapter: str) -> int:
     from .cli import main as cli
     args = ["eval", "--model", cfg["model"], "--adapter", adapter, "--mode", cfg["eval_mode"], "--system",
             cfg["system"], "--tasks", ",".join(cfg["eval_tasks"]), "--n", str(cfg["eval_n"]),
-            "--out", os.path.join(cfg["run_dir"], "eval"), "--seed", str(cfg["trainer"]["seed"])]
+            "--out", os.path.join(cfg["run_dir"], "eval"), "--seed", str(cfg["trainer"]["seed"]),
+            "--backend", cfg["backend"]]
     if cfg["eval_limit"]:
         args += ["--limit", str(cfg["eval_limit"])]
     if cfg["eval_data_dir"]:

@@ -1,11 +1,13 @@
 """Loading the policy: a causal LM (hub id or local path), its LoRA adapter and the router.
 
-This is the transformers + PEFT path; it runs anywhere (CPU included). Issue #7's
-Unsloth path plugs in here when CUDA and the ``gpu`` extra are present.
+Two backends (``BACKEND`` / ``backend=``): ``hf``, transformers + PEFT, runs anywhere (CPU
+included); ``unsloth``, Unsloth's ``FastLanguageModel`` with ``tarpo.patches`` applied,
+needs CUDA and the ``gpu`` extra. ``auto`` picks Unsloth when both are present.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
@@ -46,11 +48,62 @@ def new_router(model, config) -> Router:
     return router.to(next(model.parameters()).device)
 
 
-def load_trained(base: str, adapter: str | None = None, dtype: str = "bfloat16", device=None):
+BACKENDS = ("auto", "hf", "unsloth")
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """``hf`` or ``unsloth``; ``auto`` is Unsloth when CUDA and the ``unsloth`` package are present."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: must be one of {', '.join(BACKENDS)}")
+    available = torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None
+    if backend == "unsloth" and not available:
+        raise ValueError("backend=unsloth needs CUDA and the gpu extra (pip install -e '.[gpu]')")
+    return "unsloth" if backend == "unsloth" or (backend == "auto" and available) else "hf"
+
+
+def load_unsloth(name_or_path: str, max_seq_length: int, dtype: str = "bfloat16", seed: int = 0):
+    """A base model through Unsloth's ``FastLanguageModel`` (16-bit weights, embeddings kept on
+    the GPU for the soft mixtures). ``tarpo.patches`` are applied by :func:`unsloth_policy` /
+    :func:`load_trained` once the adapter is in place."""
+    from .patches import check_versions
+    check_versions()
+    from unsloth import FastLanguageModel  # after tarpo.trainer: see tarpo.patches.trl_guard
+    model, _ = FastLanguageModel.from_pretrained(model_name=name_or_path, max_seq_length=max_seq_length,
+                                                 dtype=DTYPES[dtype], load_in_4bit=False, offload_embedding=False,
+                                                 random_state=seed)
+    return model
+
+
+def unsloth_policy(name_or_path: str, config, dtype: str = "bfloat16"):
+    """The training policy on Unsloth: base model + ``FastLanguageModel.get_peft_model`` with the
+    config's LoRA (Unsloth gradient checkpointing), patched for TARPO."""
+    from unsloth import FastLanguageModel
+
+    from . import patches
+    model = load_unsloth(name_or_path, config.max_prompt_length + config.max_completion_length, dtype, config.seed)
+    model = FastLanguageModel.get_peft_model(
+        model, r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+        target_modules=list(config.lora_target_modules), random_state=config.seed,
+        use_gradient_checkpointing="unsloth" if config.gradient_checkpointing else False)
+    patches.apply(model)
+    return model
+
+
+def load_trained(base: str, adapter: str | None = None, dtype: str = "bfloat16", device=None, backend: str = "hf",
+                 max_seq_length: int = 4096):
     """Base model + optional saved adapter folder (holding ``router.safetensors`` beside it).
 
     Returns ``(model, router_or_None, tokenizer)``.
     """
+    if resolve_backend(backend) == "unsloth":
+        from . import patches
+        model = load_unsloth(base, max_seq_length, dtype)
+        if adapter:
+            model = PeftModel.from_pretrained(model, adapter)
+        patches.apply(model)
+        router = Router.load(adapter, device=next(model.parameters()).device) if adapter and os.path.exists(
+            os.path.join(adapter, ROUTER_WEIGHTS)) else None
+        return model, router, load_tokenizer(base)
     model = load_base_model(base, dtype, device)
     router = None
     if adapter:

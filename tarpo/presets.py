@@ -92,7 +92,7 @@ VARIABLES = {
 # launcher settings (not TarpoConfig fields)
 SETTINGS = {
     "MODEL": str, "ALGO": str, "DATA_PATH": str, "OUT_DIR": str, "RUN_NAME": str, "TRAIN_LIMIT": int,
-    "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool,
+    "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool, "BACKEND": str,
 }
 
 
@@ -110,6 +110,8 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         raise ValueError(f"dataset {dataset!r}: known {', '.join(DATASETS)}")
     env = {k: v for k, v in env.items() if (k in VARIABLES or k in SETTINGS) and v != ""}
     s = {k: _parse(k, SETTINGS[k], v) for k, v in env.items() if k in SETTINGS}
+    if s.get("BACKEND", "auto") not in ("auto", "hf", "unsloth"):
+        raise ValueError(f"BACKEND={s['BACKEND']!r}: must be auto, hf or unsloth")
     algo = s.get("ALGO", "tarpo")
     if algo not in ALGOS:
         raise ValueError(f"ALGO={algo!r}: must be one of {', '.join(ALGOS)}")
@@ -135,5 +137,5 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
         "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo]["eval_mode"],
         "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),
-        "dry_run": s.get("DRY_RUN", False), "trainer": trainer,
+        "dry_run": s.get("DRY_RUN", False), "backend": s.get("BACKEND", "auto"), "trainer": trainer,
     }

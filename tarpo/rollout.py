@@ -137,6 +137,14 @@ def hybrid_generate(
         raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise)")
     gaussian = spec.routing == "soft_tokens"
     gate = latent if spec.routing == "hrpo" else None
+    compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False)
+    with backbone.decoding():
+        return _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
+                       generator, latent, gaussian, gate, compact)
+
+
+def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id, generator,
+            latent, gaussian, gate, compact) -> Rollout:
     device = prompt_ids.device
     B, T, k = prompt_ids.shape[0], spec.max_new_tokens, spec.soft_top_k
     E = backbone.embed_weight
@@ -164,7 +172,7 @@ def hybrid_generate(
     mask = prompt_mask.long()
     pos = positions_from_mask(mask)
     cache = DynamicCache(config=backbone.config)
-    hidden = backbone.hidden(E[prompt_ids], mask, pos, cache)[:, -1]
+    hidden = backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
     next_pos = pos[:, -1] + 1
 
     steps = 0
@@ -217,12 +225,13 @@ def hybrid_generate(
             if noisy is not None:
                 full_u[soft] = noisy
         inputs = build_inputs_embeds(E, tokens, full_ids, full_w, soft, gate=gate, soft_inputs=full_u)
-        if spec.compact_finished_rows and not alive.all():
+        if compact and not alive.all():
             keep = alive.nonzero(as_tuple=True)[0]
             cache.reorder_cache(keep)
             rows, alive, mask, next_pos, inputs = rows[keep], alive[keep], mask[keep], next_pos[keep], inputs[keep]
+            tokens = tokens[keep]
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        hidden = backbone.hidden(inputs[:, None], mask, next_pos[:, None], cache)[:, -1]
+        hidden = backbone.hidden(inputs[:, None], mask, next_pos[:, None], cache, token_ids=tokens[:, None])[:, -1]
         next_pos = next_pos + 1
 
     rec = {name: value[:, :steps] for name, value in rec.items()}

@@ -32,10 +32,10 @@ import os
 import torch
 from peft import LoraConfig, PeftModel
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
 from .backbone import Backbone, unwrap
+from .hooks import make_backbone
 from .config import TarpoConfig
 from .latent import GaussianSoftTokens, HrpoGate
 from .modeling import lora_config, new_router
@@ -43,7 +43,10 @@ from .objective import group_advantages, tarpo_loss
 from .rollout import Rollout, RolloutSpec, hybrid_generate
 from .router import Router
 from .scoring import score_rollout
+from .patches.trl_guard import check_overrides, pristine_grpo_trainer
 from .tagging import token_piece_fn
+
+GRPOTrainer = pristine_grpo_trainer()  # TRL's own class, never Unsloth's rewrite of it (tarpo.patches.trl_guard)
 
 REF_ROUTER_DIR = "router_ref"
 _ROLLOUT_KEYS = [
@@ -117,6 +120,17 @@ class TarpoTrainer(GRPOTrainer):
                 self.accelerator.device)
         self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
                       if args.routing == "soft_tokens" else None)
+        check_overrides(self, TarpoTrainer)
+
+    def train(self, *args, **kwargs):
+        check_overrides(self, TarpoTrainer)  # again: something may have patched the instance since __init__
+        return super().train(*args, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's contract, stated here so that no rewrite of the base class can bypass ``_compute_loss``."""
+        if return_outputs:
+            raise ValueError("TarpoTrainer does not return outputs from compute_loss")
+        return self._compute_loss(model, inputs)
 
     # ------------------------------------------------------------------ parts
     @property
@@ -133,7 +147,7 @@ class TarpoTrainer(GRPOTrainer):
         return self.gate if self.gate is not None else self.noise
 
     def backbone(self) -> Backbone:
-        return Backbone(self.accelerator.unwrap_model(self.model))
+        return make_backbone(self.accelerator.unwrap_model(self.model))
 
     @property
     def off_policy(self) -> bool:
@@ -172,7 +186,7 @@ class TarpoTrainer(GRPOTrainer):
         spec = RolloutSpec.from_config(self.args, router_greedy=False)
         model = self.accelerator.unwrap_model(self.model)
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            rollout = hybrid_generate(Backbone(model), self.router, prompt_ids, prompt_mask, spec, self.piece,
+            rollout = hybrid_generate(make_backbone(model), self.router, prompt_ids, prompt_mask, spec, self.piece,
                                       self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent)
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]

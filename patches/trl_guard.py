@@ -1,0 +1,57 @@
+"""Guard against Unsloth's rewrite of TRL's GRPOTrainer.
+
+Target: ``unsloth.models.rl.PatchFastRL`` (run by ``import unsloth``) rebinds
+``trl.GRPOTrainer`` / ``trl.trainer.grpo_trainer.GRPOTrainer`` to a regenerated
+``UnslothGRPOTrainer`` whose ``compute_loss`` never calls ``_compute_loss`` and whose
+``_generate_and_score_completions``, ``_prepare_inputs`` and log-prob methods are rewritten.
+TARPO subclasses TRL's own class: :func:`pristine_grpo_trainer` returns it and refuses (with
+the fix) when Unsloth was imported first; :func:`check_overrides` verifies, when a trainer is
+built and when it trains, that TARPO's overrides are the functions that run (not replaced on
+the instance, not resolved to an Unsloth class, not carrying Unsloth's wrapper markers).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .targets import PatchError
+
+PROTECTED = ("_generate_and_score_completions", "_compute_loss", "compute_loss", "create_optimizer",
+             "_save_checkpoint", "_load_from_checkpoint")
+
+
+def _is_unsloth(cls) -> bool:
+    return cls.__name__.startswith(("Unsloth", "_Unsloth")) or not cls.__module__.startswith("trl")
+
+
+def pristine_grpo_trainer():
+    """TRL's ``GRPOTrainer`` class, as TRL defines it."""
+    import trl.trainer.grpo_trainer as grpo
+
+    cls = grpo.GRPOTrainer
+    if _is_unsloth(cls):
+        raise PatchError(f"trl.GRPOTrainer is {cls.__module__}.{cls.__name__}: unsloth was imported before "
+                         "tarpo.trainer and replaced TRL's trainer. Import tarpo (or tarpo.trainer) before unsloth; "
+                         "tarpo.modeling imports unsloth itself when the Unsloth backend is used.")
+    return cls
+
+
+def check_overrides(trainer, owner) -> None:
+    """Raise :class:`PatchError` unless every PROTECTED method that ``owner`` defines runs as defined."""
+    bad = [c for c in type(trainer).__mro__ if c.__name__.startswith(("Unsloth", "_Unsloth"))]
+    if bad:
+        raise PatchError(f"{type(trainer).__name__} inherits from {bad[0].__module__}.{bad[0].__name__} "
+                         "(Unsloth's rewrite of TRL's GRPOTrainer); import tarpo before unsloth")
+    for name in PROTECTED:
+        if name not in owner.__dict__:
+            continue
+        if name in vars(trainer):
+            raise PatchError(f"{name} of {type(trainer).__name__} was replaced on the instance by "
+                             f"{vars(trainer)[name]!r}")
+        static = inspect.getattr_static(type(trainer), name)
+        defined_by = next(c for c in type(trainer).__mro__ if name in c.__dict__)
+        if not issubclass(defined_by, owner):
+            raise PatchError(f"{name} of {type(trainer).__name__} resolves to {defined_by.__qualname__}.{name}")
+        markers = [a for a in getattr(static, "__dict__", {}) if a.startswith("_unsloth")]
+        if markers:
+            raise PatchError(f"{name} of {type(trainer).__name__} carries Unsloth's wrapper markers {markers}")
