@@ -71,3 +71,53 @@ def tiny_causal_lm(tokenizer, arch: str = "qwen2", hidden_size: int = 64, layers
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return cls_model(config).eval()
+
+
+# The Qwen2.5-1.5B(-Instruct) configuration: random weights of the real shape, for GPU checks.
+QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """An offline word-level tokenizer whose ids cover a large model vocabulary (``t<i>``), with
+    ``<|endoftext|>`` (0, pad and EOS), ``####`` (7) and the ChatML template."""
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    for name, i in {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "####": 7}.items():
+        vocab.pop(f"t{i}")
+        vocab[name] = i
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", eos_token="<|endoftext|>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def random_model_dir(root: str, config: dict = QWEN25_15B, dtype=torch.bfloat16, seed: int = 0) -> str:
+    """Save a random-init Qwen2 of ``config`` and a :func:`word_tokenizer` to ``root``."""
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(**config)).to(dtype)
+    model.save_pretrained(root)
+    word_tokenizer(config["vocab_size"]).save_pretrained(root)
+    return root
+
+
+def synthetic_rollout(vocab: int, G: int, P: int, T: int, k: int, device, seed: int = 0):
+    """A recorded batch for benchmarks and checks: G rows of P prompt and T completion tokens,
+    ~10% soft steps with random top-k mixtures, every step but the last a thinking step."""
+    from .rollout import Rollout
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    prompt_ids = torch.randint(10, vocab, (G, P), generator=g)
+    token_ids = torch.randint(10, vocab, (G, T), generator=g)
+    is_soft = torch.rand(G, T, generator=g) < 0.1
+    is_soft[:, -1] = False
+    decided = torch.ones(G, T, dtype=torch.bool)
+    decided[:, -1] = False
+    w = torch.rand(G, T, k, generator=g)
+    rec = dict(prompt_ids=prompt_ids, prompt_mask=torch.ones(G, P, dtype=torch.long), token_ids=token_ids,
+               completion_mask=torch.ones(G, T, dtype=torch.bool), is_soft=is_soft, decided=decided,
+               soft_ids=torch.randint(10, vocab, (G, T, k), generator=g), soft_weights=w / w.sum(-1, keepdim=True),
+               p_soft=torch.full((G, T), 0.1), entropy=torch.zeros(G, T), logp=torch.zeros(G, T),
+               soft_inputs=torch.zeros(G, T, 0), ended_with_eos=torch.zeros(G, dtype=torch.bool))
+    return Rollout(**{k_: v.to(device) for k_, v in rec.items()})
