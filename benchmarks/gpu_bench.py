@@ -27,14 +27,14 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_loop import reference_generate  # noqa: E402
 
-from tarpo.config import TarpoConfig  # noqa: E402  (imports tarpo.trainer's TRL class before unsloth)
+from tarpo.config import TarpoConfig  # noqa: E402
+from tarpo.eval import package_versions  # noqa: E402  (imports tarpo.trainer: TRL's class before unsloth)
 from tarpo.hooks import make_backbone  # noqa: E402
 from tarpo.modeling import lora_config, resolve_backend  # noqa: E402
 from tarpo.objective import tarpo_loss  # noqa: E402
@@ -43,10 +43,18 @@ from tarpo.router import Router  # noqa: E402
 from tarpo.scoring import score_rollout  # noqa: E402
 from tarpo.tagging import token_piece_fn  # noqa: E402
 from tarpo.tiny import QWEN25_15B, random_model_dir, synthetic_rollout  # noqa: E402
-import tarpo.trainer  # noqa: E402,F401
 
+VERSIONED = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "tarpo")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, max_position_embeddings=2048, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def free_memory():
+    """Release the last benchmark's model before the next one is measured."""
+    import gc
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def sync():
@@ -121,8 +129,6 @@ def bench_rollout(path, backend, device, args, config):
         t_ref = timed(lambda: reference_generate(model, router, tok, prompts, mask, args.new_tokens), 1)
         out["reference_tokens_per_s"] = args.batch * args.new_tokens / t_ref
     out["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    del model
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return out
 
 
@@ -156,19 +162,7 @@ def bench_train_step(path, backend, device, args, config):
         torch.cuda.reset_peak_memory_stats()
     t = timed(step, args.repeats)
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else float("nan")
-    del model
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return {"step_s": t, "peak_bytes": peak, "first_loss": losses[0]}
-
-
-def versions() -> dict:
-    out = {}
-    for name in ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "tarpo"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def report(res: dict, args) -> str:
@@ -225,11 +219,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as root:
         path = random_model_dir(root, TINY if args.tiny else QWEN25_15B)
         res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "versions": versions(),
+               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "versions": package_versions(VERSIONED),
                "rollout": {}, "train": {}}
         for b in backends:
             res["rollout"][b] = bench_rollout(path, b, device, args, config)
+            free_memory()
             res["train"][b] = bench_train_step(path, b, device, args, config)
+            free_memory()
     res["weight_bytes"] = res["rollout"]["hf"]["weight_bytes"]
     res["bandwidth"] = copy_bandwidth(device)
     res["floor_ms"] = 1000 * res["weight_bytes"] / res["bandwidth"]

@@ -18,6 +18,7 @@ import os
 import torch
 
 from .evaluation import MODES, sample
+from .files import write_text_atomic
 from .graders import grade_batch
 from .objective import group_advantages
 from .rollout import RolloutSpec
@@ -113,9 +114,6 @@ def run(args) -> int:
         return piece_cache[tok]
 
     text = page(f"{args.task}: {args.mode} samples of {args.adapter or args.model}", groups, piece)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, args.out)
+    write_text_atomic(args.out, text)
     print(os.path.abspath(args.out))
     return 0

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .evaluation import MODES, sample, score_records, summarize
+from .files import write_json_atomic
 from .graders import canonical_answers, grader_versions
 from .latent import HRPO_WEIGHTS
 from .modeling import load_gate, load_trained
@@ -135,21 +135,15 @@ def task_settings(args, task: str) -> dict:
     }
 
 
-def _versions() -> dict:
+def package_versions(names=PACKAGES) -> dict:
+    """Installed version of each named distribution (None where absent), for provenance."""
     out = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             out[name] = version(name)
         except PackageNotFoundError:
             out[name] = None
     return out
-
-
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
 
 
 def _math500_ids(args) -> tuple[set[str] | None, str]:
@@ -223,7 +217,7 @@ def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, 
         "model_name": args.model_name or os.path.basename(os.path.normpath(args.model)),
         "model": args.model, "adapter": args.adapter, "mode": args.mode, "n": args.n, "seed": args.seed,
         "metrics": metrics, "subsets": subsets, "settings": s, "grader": grader_versions(s["grader"]),
-        "packages": _versions(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "packages": package_versions(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": str(device), "samples_per_s": rate, "trajectories": os.path.basename(traj.path),
     }
 
@@ -256,7 +250,7 @@ def run(args) -> int:
     for task, examples, traj in plans:
         res = evaluate_task(args, task, examples, traj, model, router, gate, tokenizer, device)
         path = os.path.join(args.out, f"{task}.results.json")
-        _write_json(path, res)
+        write_json_atomic(path, res)
         lines.append(summary_line(res))
         print(lines[-1], flush=True)
     print(f"results in {os.path.abspath(args.out)}")

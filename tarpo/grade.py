@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 
 from .answers import FALLBACKS
+from .files import write_text_atomic
 from .graders import DEFAULT_TIMEOUT, DEFAULT_WORKERS, GRADERS, grade_batch
 from .tasks import TASKS
 
@@ -61,17 +60,7 @@ def read_lines(path: str, kind: str) -> list[dict]:
 
 
 def write_atomic(path: str, rows: list[dict]) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".jsonl")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def run(args: argparse.Namespace) -> int:

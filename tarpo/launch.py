@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+from .files import write_json_atomic
 from .presets import resolve
 
 TINY_PARAMS = 100_000_000
@@ -70,13 +71,6 @@ def print_config(cfg: dict) -> None:
     print(json.dumps(cfg, sort_keys=True))
 
 
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
-
-
 def train(cfg: dict) -> str:
     """Train into ``cfg['run_dir']``; returns the saved adapter folder."""
     import torch
@@ -93,7 +87,7 @@ def train(cfg: dict) -> str:
     args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
     dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
     os.makedirs(run_dir, exist_ok=True)
-    _write_json(os.path.join(run_dir, "launch_config.json"), cfg)
+    write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg)
     cuda = torch.cuda.is_available()
     dtype = "bfloat16" if args.bf16 else "float32"
     if resolve_backend(cfg["backend"]) == "unsloth":

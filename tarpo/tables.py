@@ -20,6 +20,8 @@ import json
 import os
 from importlib import resources
 
+from .files import write_text_atomic
+
 DASH = "–"
 
 
@@ -150,11 +152,7 @@ def run(args) -> int:
     md = "\n".join(markdown(*b) for b in built)
     print(md)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        for name, text in (("tables.md", md), ("tables.tex", "\n".join(latex(*b) for b in built))):
-            tmp = os.path.join(args.out, name + ".tmp")
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, os.path.join(args.out, name))
+        write_text_atomic(os.path.join(args.out, "tables.md"), md)
+        write_text_atomic(os.path.join(args.out, "tables.tex"), "\n".join(latex(*b) for b in built))
         print(f"wrote {os.path.join(args.out, 'tables.md')} and tables.tex")
     return 0

@@ -34,6 +34,8 @@ from __future__ import annotations
 import json
 import os
 
+from .files import write_json_atomic
+
 
 class TrajectoryFile:
     def __init__(self, out_dir: str, name: str, settings: dict, questions: int, questions_per_chunk: int,
@@ -93,10 +95,7 @@ class TrajectoryFile:
     def append(self, records: list[dict]) -> None:
         """Append lines (normally one whole chunk) and flush them to disk."""
         if not os.path.exists(self.settings_path):
-            tmp = self.settings_path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.settings, f, indent=2)
-            os.replace(tmp, self.settings_path)
+            write_json_atomic(self.settings_path, self.settings)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write("".join(json.dumps(r) + "\n" for r in records))
             f.flush()

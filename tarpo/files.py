@@ -1,0 +1,25 @@
+"""Atomic file writes: a failed or killed run never leaves a half-written output file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it into place."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
