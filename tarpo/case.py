@@ -22,6 +22,7 @@ from .files import write_text_atomic
 from .graders import grade_batch
 from .objective import group_advantages
 from .rollout import RolloutSpec
+from .tagging import token_piece_fn
 from .tasks import TASKS, load_task
 
 STYLE = """body{font-family:sans-serif;max-width:60em;margin:2em auto}
@@ -106,14 +107,8 @@ def run(args) -> int:
     for r, g, a in zip(recs, grades, adv.tolist()):
         r.update(reward=g.score, advantage=a)
     groups = [(ex, [r for r in recs if r["id"] == ex["id"]]) for ex in chosen]
-    piece_cache: dict[int, str] = {}
-
-    def piece(tok: int) -> str:
-        if tok not in piece_cache:
-            piece_cache[tok] = tokenizer.decode([tok], skip_special_tokens=False)
-        return piece_cache[tok]
-
-    text = page(f"{args.task}: {args.mode} samples of {args.adapter or args.model}", groups, piece)
+    text = page(f"{args.task}: {args.mode} samples of {args.adapter or args.model}", groups,
+                token_piece_fn(tokenizer))
     write_text_atomic(args.out, text)
     print(os.path.abspath(args.out))
     return 0

@@ -28,7 +28,6 @@ import os
 import sys
 import time
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 
 import torch
 from tqdm.auto import tqdm
@@ -38,6 +37,7 @@ from .files import write_json_atomic
 from .graders import canonical_answers, grader_versions
 from .latent import HRPO_WEIGHTS
 from .modeling import load_gate, load_trained
+from .patches.targets import installed_version
 from .router import ROUTER_WEIGHTS
 from .rollout import RolloutSpec
 from .tasks import TASKS, load_task
@@ -137,13 +137,7 @@ def task_settings(args, task: str) -> dict:
 
 def package_versions(names=PACKAGES) -> dict:
     """Installed version of each named distribution (None where absent), for provenance."""
-    out = {}
-    for name in names:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
+    return {name: installed_version(name) for name in names}
 
 
 def _math500_ids(args) -> tuple[set[str] | None, str]:
@@ -246,13 +240,10 @@ def run(args) -> int:
 
     model, router, gate, tokenizer, device = load_system(args.model, args.adapter, args.mode, args.dtype,
                                                          args.action_temperature, args.backend)
-    lines = []
     for task, examples, traj in plans:
         res = evaluate_task(args, task, examples, traj, model, router, gate, tokenizer, device)
-        path = os.path.join(args.out, f"{task}.results.json")
-        write_json_atomic(path, res)
-        lines.append(summary_line(res))
-        print(lines[-1], flush=True)
+        write_json_atomic(os.path.join(args.out, f"{task}.results.json"), res)
+        print(summary_line(res), flush=True)
     print(f"results in {os.path.abspath(args.out)}")
     return 0
 

@@ -120,7 +120,7 @@ class HookedBackbone(Backbone):
         self.capture.remove()
 
 
-class UnslothBackbone(HookedBackbone):
+class UnslothBackbone(Backbone):
     """Drives Unsloth's fast decode path (``tarpo.patches`` applied to the model).
 
     The prompt is prefilled through the decoder (``last_hidden_state`` is post-norm), each
@@ -136,7 +136,7 @@ class UnslothBackbone(HookedBackbone):
     fixed_batch = True
 
     def __init__(self, model: torch.nn.Module):
-        Backbone.__init__(self, model)
+        super().__init__(model)
         self.override = EmbeddingOverride(self.embedding)
         self.base = unwrap(model)
         self._session, self._past = None, None
@@ -144,7 +144,7 @@ class UnslothBackbone(HookedBackbone):
     def hidden(self, inputs_embeds, attention_mask, position_ids, cache=None, token_ids=None) -> torch.Tensor:
         if cache is None or token_ids is None:
             self.decoder._has_no_labels = False  # keep the gradient of rebuilt inputs (tarpo.patches.training_forward)
-            return Backbone.hidden(self, inputs_embeds, attention_mask, position_ids, cache)
+            return super().hidden(inputs_embeds, attention_mask, position_ids, cache)
         if self._session is not cache:  # a new rollout: prefill (resets Unsloth's paged K/V buffers)
             out = self.decoder(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,
                                use_cache=True)

@@ -95,21 +95,16 @@ def load_trained(base: str, adapter: str | None = None, dtype: str = "bfloat16",
 
     Returns ``(model, router_or_None, tokenizer)``.
     """
-    if resolve_backend(backend) == "unsloth":
-        from . import patches
-        model = load_unsloth(base, max_seq_length, dtype)
-        if adapter:
-            model = PeftModel.from_pretrained(model, adapter)
-        patches.apply(model)
-        router = Router.load(adapter, device=next(model.parameters()).device) if adapter and os.path.exists(
-            os.path.join(adapter, ROUTER_WEIGHTS)) else None
-        return model, router, load_tokenizer(base)
-    model = load_base_model(base, dtype, device)
+    unsloth = resolve_backend(backend) == "unsloth"
+    model = load_unsloth(base, max_seq_length, dtype) if unsloth else load_base_model(base, dtype, device)
     router = None
     if adapter:
         model = PeftModel.from_pretrained(model, adapter)
         if os.path.exists(os.path.join(adapter, ROUTER_WEIGHTS)):
             router = Router.load(adapter, device=next(model.parameters()).device)
+    if unsloth:
+        from . import patches
+        patches.apply(model)  # after the adapter: the patches read the final (PEFT) model
     return model, router, load_tokenizer(base)
 
 
