@@ -25,11 +25,20 @@ from __future__ import annotations
 from .targets import EXPECTED_VERSIONS, PatchError, check, check_source, check_versions  # noqa: F401
 
 
+BACKEND_MARKER = "_tarpo_backend"
+
+
 def apply(model) -> None:
-    """Check the installed Unsloth, then patch the decode and training forwards for ``model``."""
+    """Check the installed Unsloth, then patch the decode and training forwards for ``model``.
+
+    The backend marker goes on the ``*ForCausalLM`` under any PEFT wrapper, where
+    :func:`tarpo.hooks.make_backbone` reads it: a PEFT wrapper forwards attribute reads to
+    the model it wraps, never the other way round.
+    """
     from . import decode_hidden, training_forward
 
     check()
     decode_hidden.apply(model)
     training_forward.apply(model)
-    model._tarpo_backend = "unsloth"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    setattr(base, BACKEND_MARKER, "unsloth")

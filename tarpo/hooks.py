@@ -131,6 +131,17 @@ class UnslothBackbone(Backbone):
     as is (kept here, keyed by the rollout's cache object). Decoding runs in Unsloth's
     inference mode (:meth:`decoding`). The training forward (no cache) feeds
     ``inputs_embeds`` to the decoder like :class:`Backbone`.
+
+    Each decode step calls the model class's own ``forward``, not the instance attribute:
+    under bf16 mixed precision accelerate replaces ``model.forward`` on the instance with a
+    wrapper that copies every output, the whole KV cache included, to fp32.
+
+    Freshness (every rollout runs with the current weights, every step's ``h_t`` is that
+    step's): a new rollout checks that the decode patch is still installed on the model's
+    class (a later ``from_pretrained`` re-runs Unsloth's ``pre_patch``, which drops it) and
+    drops Unsloth's per-parameter LoRA copies (``_fast_lora``, made once in the decode
+    path's dtype and otherwise cleared only by ``for_training``); each step clears
+    ``_tarpo_hidden`` before the call and fails if the call did not set it again.
     """
 
     fixed_batch = True
@@ -146,19 +157,48 @@ class UnslothBackbone(Backbone):
             self.decoder._has_no_labels = False  # keep the gradient of rebuilt inputs (tarpo.patches.training_forward)
             return super().hidden(inputs_embeds, attention_mask, position_ids, cache)
         if self._session is not cache:  # a new rollout: prefill (resets Unsloth's paged K/V buffers)
+            self.begin_rollout()
             out = self.decoder(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,
                                use_cache=True)
             self._session, self._past = cache, out.past_key_values
             return out.last_hidden_state
         self.override.set(inputs_embeds)
-        out = self.model(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=self._past, use_cache=True)
+        self.base._tarpo_hidden = None
+        out = class_forward(self.model)(input_ids=token_ids, attention_mask=attention_mask,
+                                        position_ids=position_ids, past_key_values=self._past, use_cache=True)
         self.override.pending = None
         self._past = out.past_key_values
-        return self.base._tarpo_hidden
+        hidden = self.base.__dict__.get("_tarpo_hidden")
+        if hidden is None:
+            raise RuntimeError("Unsloth's decode step did not leave its hidden state on the model: "
+                               "tarpo.patches.decode_hidden is not in the forward that ran")
+        return hidden
+
+    def begin_rollout(self) -> None:
+        """Check the decode patch and drop stale LoRA copies before a rollout's first step."""
+        from .patches.targets import PatchError
+
+        if not getattr(type(self.base).forward, "_tarpo_decode_hidden", False):
+            raise PatchError(f"{type(self.base).__name__}.forward is no longer tarpo's decode patch (a later "
+                             "from_pretrained re-ran Unsloth's pre_patch): call tarpo.patches.apply(model) again "
+                             "after loading")
+        for param in self.model.parameters():
+            param.__dict__.pop("_fast_lora", None)
+        self.base._tarpo_hidden = None
 
     def decoding(self):
         return _unsloth_inference_mode(self.model)
+
+
+def class_forward(module: torch.nn.Module):
+    """``module``'s class ``forward`` bound to it, skipping wrappers set on the instance.
+
+    >>> m = torch.nn.Identity()
+    >>> m.forward = lambda x: x + 1          # what accelerate's prepare_model does, in spirit
+    >>> m(torch.zeros(1)).item(), class_forward(m)(torch.zeros(1)).item()
+    (1.0, 0.0)
+    """
+    return type(module).forward.__get__(module)
 
 
 class _unsloth_inference_mode:
@@ -179,8 +219,10 @@ class _unsloth_inference_mode:
 def make_backbone(model: torch.nn.Module) -> Backbone:
     """The backbone for a model: Unsloth's (cached on the model, its hooks registered once)
     when ``tarpo.patches`` were applied, else the plain transformers one."""
+    from .patches import BACKEND_MARKER
+
     base = unwrap(model)
-    if getattr(base, "_tarpo_backend", None) != "unsloth":
+    if getattr(base, BACKEND_MARKER, None) != "unsloth":
         return Backbone(model)
     if base.__dict__.get("_tarpo_backbone") is None:
         base.__dict__["_tarpo_backbone"] = UnslothBackbone(model)

@@ -45,6 +45,12 @@ def sequence_hidden(backbone: Backbone, rollout, gate=None) -> torch.Tensor:
     completion = build_inputs_embeds(E, rollout.token_ids, rollout.soft_ids, rollout.soft_weights, rollout.is_soft,
                                      gate=gate, soft_inputs=soft_inputs)
     inputs = torch.cat([E[rollout.prompt_ids], completion], dim=1)
+    if torch.is_grad_enabled() and not inputs.requires_grad:
+        # Re-entrant gradient checkpointing (Unsloth forces it, process-wide) only backpropagates
+        # into a checkpointed layer whose *inputs* require grad; LoRA weights inside would get none.
+        # transformers and Unsloth arrange this with a hook on the embedding module, which this
+        # forward never calls (it indexes E), so the rebuilt inputs are marked here.
+        inputs.requires_grad_(True)
     mask = torch.cat([rollout.prompt_mask.long(), rollout.completion_mask.long()], dim=1)
     hidden = backbone.hidden(inputs, mask, positions_from_mask(mask))
     return hidden[:, P - 1:-1]

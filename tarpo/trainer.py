@@ -15,7 +15,8 @@ What is overridden, and why:
   (:func:`tarpo.scoring.score_rollout`) and applies :func:`tarpo.objective.tarpo_loss`.
 - ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router
   (``router_lr``) and HRPO's gate (``hrpo_lr``) (the optimizer itself is ``args.optim``,
-  see ``TarpoConfig.optim``).
+  see ``TarpoConfig.optim``); under an 8-bit optimizer the router and the gate keep fp32
+  state (:func:`keep_fp32_state`).
 - ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
   frozen reference router, and HRPO's gate) are saved beside the adapter and restored.
 
@@ -81,6 +82,33 @@ def encode_prompts(tokenizer, prompts, max_length: int, device=None):
             ids[i, width - len(r):] = torch.tensor(r)
             mask[i, width - len(r):] = 1
     return ids.to(device), mask.to(device), n_truncated
+
+
+def keep_fp32_state(optimizer, params) -> None:
+    """Give ``params`` 32-bit optimizer state under a bitsandbytes 8-bit optimizer.
+
+    bitsandbytes quantises the Adam moments of every tensor with at least ``min_8bit_size``
+    (4096) elements; a 2-row policy head can be that large (Qwen2.5-3B's router weight is
+    2 x 2048 = 4096, 7B's 2 x 3584) and so is HRPO's gate, and neither should be quantised.
+    bitsandbytes' per-parameter ``override_config`` does it; its manager is process-wide and
+    keyed by ``id(param)``, so entries of an earlier run's freed tensors could land on
+    unrelated new ones: this optimizer gets a manager of its own. Other optimizers are left
+    as they are.
+    """
+    try:
+        from bitsandbytes.optim import GlobalOptimManager
+        from bitsandbytes.optim.optimizer import Optimizer8bit
+    except Exception:  # no (working) bitsandbytes: the optimizer cannot be an 8-bit one
+        return
+    if not isinstance(optimizer, Optimizer8bit) or not params:
+        return
+    if not isinstance(getattr(optimizer, "mng", None), GlobalOptimManager):
+        raise RuntimeError(f"{type(optimizer).__name__} has no bitsandbytes config manager `mng`: cannot keep the "
+                           "router's optimizer state in fp32 (bitsandbytes==0.50.2 expected)")
+    manager = GlobalOptimManager.__new__(GlobalOptimManager)
+    manager.initialize()
+    manager.override_config(params, "optim_bits", 32)
+    optimizer.mng = manager
 
 
 def check_dataset(dataset, name: str = "train_dataset") -> None:
@@ -174,6 +202,7 @@ class TarpoTrainer(GRPOTrainer):
         ]
         groups = [g for g in groups if g["params"]]
         self.optimizer = cls(groups, **kwargs)
+        keep_fp32_state(self.optimizer, [p for p in trainable if id(p) in router_ids | gate_ids])
         return self.optimizer
 
     # ------------------------------------------------------------------ generation

@@ -42,3 +42,30 @@ def encode_prompts(tokenizer, texts):
 def decode_kwargs(tokenizer):
     return dict(piece=token_piece_fn(tokenizer), eos_token_ids=[tokenizer.eos_token_id],
                 pad_token_id=tokenizer.pad_token_id)
+
+
+def stand_in_unsloth_decode(model, monkeypatch):
+    """Make ``model`` look like one that ``tarpo.patches.apply`` prepared, on the transformers path.
+
+    What the real patch does is stood in for piece by piece: the backend marker on the
+    ``*ForCausalLM``; a class ``forward`` carrying the decode patch's marker; ``h_t`` left on
+    the model as ``_tarpo_hidden`` at each call (here by a hook on the final norm); Unsloth's
+    inference-mode switch made a no-op. Returns the hook handle (``.remove()`` stops the
+    hidden state being left, as a dropped patch would).
+    """
+    import contextlib
+
+    from tarpo.backbone import unwrap
+    from tarpo.hooks import UnslothBackbone, final_norm
+    from tarpo.patches import BACKEND_MARKER
+
+    base = unwrap(model)
+    original = type(base).forward
+
+    def forward(self, *args, **kwargs):
+        return original(self, *args, **kwargs)
+    forward._tarpo_decode_hidden = True
+    monkeypatch.setattr(type(base), "forward", forward)
+    monkeypatch.setattr(UnslothBackbone, "decoding", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(base, BACKEND_MARKER, "unsloth", raising=False)
+    return final_norm(model).register_forward_hook(lambda m, a, out: setattr(base, "_tarpo_hidden", out))

@@ -59,24 +59,21 @@ def test_hooked_rollout_equals_the_inputs_embeds_rollout(model, tokenizer):
 def test_unsloth_backbone_session_logic_on_the_transformers_path(model, tokenizer, monkeypatch):
     """UnslothBackbone's own logic (prefill through the decoder, steps through the model with
     ids, the cache it passes back, the fixed batch) against the plain rollout. The decode
-    wrapper of tarpo.patches is stood in for by a hook that leaves h_t on the model as it does."""
-    import contextlib
+    wrapper of tarpo.patches is stood in for (helpers.stand_in_unsloth_decode)."""
+    from helpers import stand_in_unsloth_decode
+    from tarpo.hooks import UnslothBackbone, make_backbone
 
-    from tarpo.hooks import UnslothBackbone, final_norm, make_backbone
-    from tarpo.rollout import RolloutSpec
-
-    monkeypatch.setattr(UnslothBackbone, "decoding", lambda self: contextlib.nullcontext())
-    handle = final_norm(model).register_forward_hook(lambda m, a, out: setattr(model, "_tarpo_hidden", out))
-    model._tarpo_backend = "unsloth"
-    backbone = make_backbone(model)
-    assert isinstance(backbone, UnslothBackbone) and make_backbone(model) is backbone  # hooks registered once
-    torch.manual_seed(1)
-    router = Router(model.config.hidden_size, bias=[0.0, 0.0])
-    enc = encode_prompts(tokenizer, PROMPTS)
-    spec = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, routing="learned")
-    got = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
-    handle.remove()
-    del model._tarpo_backend
+    with monkeypatch.context() as patched:
+        handle = stand_in_unsloth_decode(model, patched)
+        backbone = make_backbone(model)
+        assert isinstance(backbone, UnslothBackbone) and make_backbone(model) is backbone  # hooks registered once
+        torch.manual_seed(1)
+        router = Router(model.config.hidden_size, bias=[0.0, 0.0])
+        enc = encode_prompts(tokenizer, PROMPTS)
+        spec = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, routing="learned")
+        got = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+        handle.remove()
+        backbone.override.remove()
     torch.manual_seed(1)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0])
     plain = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, routing="learned",
