@@ -73,13 +73,12 @@ def print_config(cfg: dict) -> None:
 
 def train(cfg: dict) -> str:
     """Train into ``cfg['run_dir']``; returns the saved adapter folder."""
-    import torch
     from transformers.trainer_utils import get_last_checkpoint
 
     from .callbacks import JsonlLogger
     from .config import TarpoConfig
     from .graders import reward_function
-    from .modeling import load_base_model, load_tokenizer, resolve_backend, unsloth_policy
+    from .modeling import load_tokenizer, training_policy
     from .tasks import load_task
     from .trainer import TarpoTrainer
 
@@ -88,13 +87,7 @@ def train(cfg: dict) -> str:
     dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
     os.makedirs(run_dir, exist_ok=True)
     write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg)
-    cuda = torch.cuda.is_available()
-    dtype = "bfloat16" if args.bf16 else "float32"
-    if resolve_backend(cfg["backend"]) == "unsloth":
-        model = unsloth_policy(cfg["model"], args, dtype)  # LoRA + Unsloth checkpointing + tarpo.patches
-        args.gradient_checkpointing = False  # Unsloth's own checkpointing is on; the Trainer must not add HF's
-    else:
-        model = load_base_model(cfg["model"], dtype, "cuda" if cuda else None)
+    model = training_policy(cfg["model"], args, cfg["backend"], "bfloat16" if args.bf16 else "float32")
     trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
                            processing_class=load_tokenizer(cfg["model"]),
                            callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])

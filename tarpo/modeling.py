@@ -89,6 +89,21 @@ def unsloth_policy(name_or_path: str, config, dtype: str = "bfloat16"):
     return model
 
 
+def training_policy(name_or_path: str, config, backend: str = "auto", dtype: str = "bfloat16"):
+    """The model :class:`tarpo.trainer.TarpoTrainer` trains, as the launchers build it.
+
+    Unsloth: :func:`unsloth_policy` (LoRA, Unsloth's gradient checkpointing, ``tarpo.patches``);
+    ``config.gradient_checkpointing`` is then set False, as Unsloth's own checkpointing is on and
+    the Trainer must not add transformers'. transformers: the base model, on CUDA when there is
+    one; the trainer adds the LoRA adapter of ``config``.
+    """
+    if resolve_backend(backend) == "unsloth":
+        model = unsloth_policy(name_or_path, config, dtype)
+        config.gradient_checkpointing = False
+        return model
+    return load_base_model(name_or_path, dtype, "cuda" if torch.cuda.is_available() else None)
+
+
 def load_trained(base: str, adapter: str | None = None, dtype: str = "bfloat16", device=None, backend: str = "hf",
                  max_seq_length: int = 4096):
     """Base model + optional saved adapter folder (holding ``router.safetensors`` beside it).

@@ -79,26 +79,19 @@ QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28
                   rms_norm_eps=1e-6, tie_word_embeddings=True)
 
 
-def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """An offline word-level tokenizer whose ids cover a large model vocabulary (``t<i>``), with
-    ``<|endoftext|>`` (0, pad and EOS), ``####`` (7) and the ChatML template."""
-    vocab = {f"t{i}": i for i in range(vocab_size)}
-    for name, i in {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "####": 7}.items():
-        vocab.pop(f"t{i}")
-        vocab[name] = i
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", eos_token="<|endoftext|>")
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
 def random_model_dir(root: str, config: dict = QWEN25_15B, dtype=torch.bfloat16, seed: int = 0) -> str:
-    """Save a random-init Qwen2 of ``config`` and a :func:`word_tokenizer` to ``root``."""
+    """Save a random-init Qwen2 of ``config`` and a small :func:`bpe_tokenizer` to ``root``.
+
+    The tokenizer's ids cover only the first few hundred of the model's; its pad
+    (``<|endoftext|>``) and EOS (``<|im_end|>``) differ, as in Qwen2.5-Instruct: Unsloth's loader
+    adds a pad token (and resizes the vocabulary) when they are the same. A byte-level BPE,
+    because transformers loads a tokenizer saved beside a Qwen2 config as ``Qwen2Tokenizer``."""
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(**config)).to(dtype)
+    model = Qwen2ForCausalLM(Qwen2Config(**{"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": None, **config}))
+    model = model.to(dtype)
     model.save_pretrained(root)
-    word_tokenizer(config["vocab_size"]).save_pretrained(root)
+    corpus = [f"question {i}: what is {i} plus {i + 1}? #### {2 * i + 1}" for i in range(200)]
+    bpe_tokenizer(corpus, vocab_size=400).save_pretrained(root)
     return root
 
 

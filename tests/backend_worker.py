@@ -1,0 +1,210 @@
+"""One backend's side of the Unsloth-vs-transformers equivalence check, in a process of its own.
+
+Importing Unsloth changes transformers for the whole process (its ``pre_patch`` rebinds the
+Qwen2/Llama class forwards; its gradient checkpointing replaces transformers' checkpoint
+function), so the two backends never share one: ``tests/test_gpu.py`` runs this script once
+per backend and compares what they wrote with :func:`compare`. On CPU,
+``tests/test_backend_worker.py`` runs it twice on the transformers backend, which checks
+everything here except Unsloth itself.
+
+    python tests/backend_worker.py --backend unsloth --model M --adapter A --out un.pt
+    python tests/backend_worker.py --backend hf --model M --adapter A --out hf.pt --score un.pt
+
+The file (``torch.save``) holds:
+
+- ``hidden``, ``logits``: normed final hidden states and logits at the real positions of a
+  fixed left-padded batch (fp32 copies);
+- ``rollout``: a seeded hybrid rollout of that batch (learned routing, the adapter's router);
+- ``scores``: with ``--score FILE``, this backend's teacher-forced ``logp`` and ``p_soft`` of
+  the rollout in FILE;
+- ``loss``, ``grads``: the TARPO loss of a synthetic recorded batch and the gradients of every
+  LoRA B matrix (the adapter's A and B both trained, as the trainer does);
+- ``changed``: for one real ``TarpoTrainer`` step on the launchers' model path
+  (:func:`tarpo.modeling.training_policy`), whether each trainable tensor changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+
+ROWS, PROMPT_LEN = 4, 48
+
+
+def prepare(root: str, config: dict, dtype) -> tuple[str, str]:
+    """A random-init Qwen2 of ``config`` (:func:`tarpo.tiny.random_model_dir`) and a saved adapter
+    for it: LoRA r 32 on q/k/v/o with nonzero B (so the adapter matters) and a router with
+    b0 = [0, 0] (about half the steps soft). Returns ``(model_dir, adapter_dir)``."""
+    from peft import LoraConfig, get_peft_model
+
+    from tarpo.router import Router
+    from tarpo.tiny import random_model_dir
+    base = random_model_dir(os.path.join(root, "base"), config, dtype)
+    model = load_base(base, dtype)
+    torch.manual_seed(0)
+    peft = get_peft_model(model, LoraConfig(r=32, lora_alpha=64, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                            init_lora_weights=False))
+    adapter = os.path.join(root, "adapter")
+    peft.save_pretrained(adapter)
+    Router(model.config.hidden_size, bias=(0.0, 0.0)).save(adapter)
+    return base, adapter
+
+
+def load_base(path, dtype):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def fixed_batch(vocab: int, device):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, vocab, (ROWS, PROMPT_LEN), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0  # left padding
+    mask[3, :20] = 0
+    return ids.to(device), mask.to(device)
+
+
+def hidden_and_logits(backbone, ids, mask):
+    from tarpo.backbone import positions_from_mask
+    with torch.no_grad():
+        hidden = backbone.hidden(backbone.embed_weight[ids], mask, positions_from_mask(mask))[mask.bool()]
+        return hidden.float().cpu(), backbone.logits(hidden).float().cpu()
+
+
+def rollout(backbone, router, tok, ids, mask, steps):
+    from tarpo.rollout import RolloutSpec, hybrid_generate
+    from tarpo.tagging import token_piece_fn
+    spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing="learned")
+    gen = torch.Generator(ids.device).manual_seed(0)
+    r = hybrid_generate(backbone, router, ids, mask, spec, token_piece_fn(tok), [tok.eos_token_id],
+                        tok.pad_token_id, generator=gen)
+    return {k: v.cpu() for k, v in vars(r).items()}
+
+
+def teacher_forced(backbone, router, record, device):
+    from tarpo.rollout import Rollout
+    from tarpo.scoring import score_rollout
+    r = Rollout(**{k: v.to(device) for k, v in record.items()})
+    with torch.no_grad():
+        s = score_rollout(backbone, router, None, r, temperature=0.5, chunk_size=256, use_router=True,
+                          with_reference=False)
+    return {"logp": s.logp_tok.cpu(), "p_soft": (1 - s.p_hard).cpu()}
+
+
+def loss_and_grads(model, backbone, router, device, completion: int):
+    from tarpo.objective import tarpo_loss
+    from tarpo.scoring import score_rollout
+    from tarpo.tiny import synthetic_rollout
+    r = synthetic_rollout(model.config.vocab_size, 8, PROMPT_LEN, completion, 30, device)
+    adv = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device)
+    for n, p in model.named_parameters():
+        p.requires_grad_("lora_" in n)  # a saved adapter loads frozen; train it as the trainer does
+    model.train()
+    scores = score_rollout(backbone, router, router.frozen_copy(), r, temperature=0.5, chunk_size=512,
+                           use_router=True, with_reference=True)
+    loss, _ = tarpo_loss(logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard,
+                         kl_tok=scores.kl_tok, kl_act=scores.kl_act, advantages=adv,
+                         completion_mask=r.completion_mask, is_soft=r.is_soft, decided=r.decided,
+                         lambda_act=0.1, beta=0.005, alpha=1.0)
+    loss.backward()
+    grads = torch.cat([p.grad.float().flatten().cpu() for n, p in sorted(model.named_parameters())
+                       if "lora_B" in n])
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return loss.item(), grads
+
+
+def train_step(model_dir: str, backend: str, bf16: bool, completion: int) -> dict:
+    """One TarpoTrainer step as the launchers build it; name -> did it change."""
+    import datasets
+
+    from tarpo.config import TarpoConfig
+    from tarpo.modeling import load_tokenizer, training_policy
+    from tarpo.trainer import TarpoTrainer
+
+    def reward(prompts, completions, **kw):  # spread inside every group, so advantages are nonzero
+        return [float(len(c) % 7) for c in completions]
+
+    data = datasets.Dataset.from_list([{"prompt": f"question {i}: what is {i} plus {i + 1}?"} for i in range(8)])
+    with tempfile.TemporaryDirectory() as out:
+        args = TarpoConfig(output_dir=out, bf16=bf16, per_device_train_batch_size=8, num_generations=4,
+                           max_completion_length=completion, max_steps=1, warmup_steps=0,
+                           lr_scheduler_type="constant", learning_rate=1e-3, router_lr=1e-2,
+                           action_bias=[0.0, 0.0], save_strategy="no", report_to="none", seed=0,
+                           gradient_checkpointing=True)
+        model = training_policy(model_dir, args, backend, "bfloat16" if bf16 else "float32")
+        trainer = TarpoTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                               processing_class=load_tokenizer(model_dir))
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        trainer.train()
+        return {n: not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters()
+                if n in before}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=["hf", "unsloth"], required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--adapter", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--score", help="a file this script wrote for the other backend: score its rollout")
+    ap.add_argument("--steps", type=int, default=64, help="rollout steps")
+    ap.add_argument("--completion", type=int, default=256, help="completion length of the scored synthetic batch")
+    args = ap.parse_args(argv)
+
+    import tarpo.trainer  # noqa: F401  (TRL's own GRPOTrainer before Unsloth can replace it)
+    from tarpo.hooks import make_backbone
+    from tarpo.modeling import load_trained
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
+    model, router, tok = load_trained(args.model, args.adapter, dtype, device if args.backend == "hf" else None,
+                                      backend=args.backend, max_seq_length=1024)
+    model.eval()
+    backbone = make_backbone(model)
+    ids, mask = fixed_batch(model.config.vocab_size, device)
+    out = {"backend": args.backend, "backbone": type(backbone).__name__}
+    out["hidden"], out["logits"] = hidden_and_logits(backbone, ids, mask)
+    out["rollout"] = rollout(backbone, router, tok, ids, mask, args.steps)
+    if args.score:
+        out["scores"] = teacher_forced(backbone, router, torch.load(args.score)["rollout"], device)
+    out["loss"], out["grads"] = loss_and_grads(model, backbone, router, device, args.completion)
+    del model, backbone
+    out["changed"] = train_step(args.model, args.backend, cuda, max(8, args.steps // 4))
+    tmp = args.out + ".tmp"
+    torch.save(out, tmp)
+    os.replace(tmp, args.out)
+    return 0
+
+
+def rel_err(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item()
+
+
+def compare(cand: dict, ref: dict) -> dict:
+    """Agreement of ``cand`` (the backend under test) with ``ref``, which scored cand's rollout."""
+    r, s = cand["rollout"], ref["scores"]
+    m, d = r["completion_mask"], r["decided"]
+    return {
+        "hidden_rel_err": rel_err(cand["hidden"], ref["hidden"]),
+        "logits_rel_err": rel_err(cand["logits"], ref["logits"]),
+        "rollout_soft_steps": int((r["is_soft"] & m).sum()), "rollout_hard_steps": int((~r["is_soft"] & m).sum()),
+        "rollout_logp_mean_abs_diff": (s["logp"][m] - r["logp"][m]).abs().mean().item(),
+        "rollout_p_soft_max_abs_diff": (s["p_soft"][d] - r["p_soft"][d]).abs().max().item() if d.any() else 0.0,
+        "free_running_token_agreement": (cand["rollout"]["token_ids"] == ref["rollout"]["token_ids"]).float()
+        .mean().item() if cand["rollout"]["token_ids"].shape == ref["rollout"]["token_ids"].shape else float("nan"),
+        "loss": cand["loss"], "loss_ref": ref["loss"],
+        "loss_rel_diff": abs(cand["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-3),
+        "grads_rel_err": rel_err(cand["grads"], ref["grads"]),
+        "unchanged_after_step": sorted(n for n, c in cand["changed"].items() if not c),
+        "unchanged_after_step_ref": sorted(n for n, c in ref["changed"].items() if not c),
+        "trained_tensors": len(cand["changed"]), "trained_tensors_ref": len(ref["changed"]),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The GPU equivalence check's worker and comparison (tests/backend_worker.py), on CPU: two
+processes of the transformers backend on a tiny model must agree exactly, and each must
+train every LoRA and router tensor in one TarpoTrainer step."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from backend_worker import compare, prepare
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=512, max_position_embeddings=2048, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def run_worker(*args):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    res = subprocess.run([sys.executable, os.path.join(HERE, "backend_worker.py"), "--steps", "24", "--completion",
+                          "32", *args], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+
+def test_two_processes_of_one_backend_agree_and_train_every_tensor(tmp_path):
+    base, adapter = prepare(str(tmp_path), TINY, torch.float32)
+    a, b = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
+    run_worker("--backend", "hf", "--model", base, "--adapter", adapter, "--out", a)
+    run_worker("--backend", "hf", "--model", base, "--adapter", adapter, "--out", b, "--score", a)
+    assert not os.path.exists(a + ".tmp") and not os.path.exists(b + ".tmp")
+    got = compare(torch.load(a), torch.load(b))
+    assert got["hidden_rel_err"] == 0 and got["logits_rel_err"] == 0
+    assert got["rollout_soft_steps"] > 0 and got["rollout_hard_steps"] > 0
+    assert got["rollout_logp_mean_abs_diff"] < 1e-5 and got["rollout_p_soft_max_abs_diff"] < 1e-5
+    assert got["free_running_token_agreement"] == 1.0
+    assert got["loss_rel_diff"] == 0 and got["grads_rel_err"] == 0
+    assert got["trained_tensors"] == 4 * 2 * 2 + 2  # LoRA A and B on q/k/v/o of 2 layers, router weight and bias
+    assert got["unchanged_after_step"] == [] and got["unchanged_after_step_ref"] == []
