@@ -24,3 +24,13 @@ def arch(request):
 @pytest.fixture
 def model(tokenizer, arch):
     return tiny_causal_lm(tokenizer, arch, seed={"qwen2": 0, "llama": 1}[arch])
+
+
+@pytest.fixture(autouse=True)
+def _unsloth_stays_out_of_this_process():
+    """Importing Unsloth rebinds transformers' Qwen2/Llama forwards and its checkpoint function for
+    the whole process, so every later test would run Unsloth's code: a test that needs Unsloth
+    runs it in a subprocess (tests/backend_worker.py)."""
+    import sys
+    yield
+    assert "unsloth" not in sys.modules, "a test imported unsloth into the pytest process; use a subprocess"
