@@ -9,7 +9,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-dev}
 stamp="$VENV/.tarpo-env"
-want=$(cat requirements.txt setup.py | sha256sum | cut -c1-16)-$EXTRAS
+want=$(cat requirements.txt setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)-$EXTRAS
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
@@ -32,6 +32,15 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
 fi
 pip install -r requirements.txt
 pip install -e ".[$EXTRAS]"
-"$VENV/bin/python" -c "import tarpo, torch, trl, peft, transformers" 
+"$VENV/bin/python" -c "import tarpo, torch, trl, peft, transformers"
+# The pinned Unsloth, kept OUT of the environment (importing it patches transformers process-wide)
+# in a folder of its own: tests/test_unsloth_cpu.py runs its Python code on the CPU in a subprocess.
+# triton is the version torch 2.13's CUDA wheel pins; unsloth_zoo imports it at top level.
+if [[ ",$EXTRAS," == *",dev,"* && ",$EXTRAS," != *",gpu,"* ]]; then
+  rm -rf "$VENV/unsloth-cpu.tmp"
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps --no-compile --target "$VENV/unsloth-cpu.tmp" \
+    unsloth==2026.10.7 unsloth_zoo==2026.10.7 triton==3.7.1
+  rm -rf "$VENV/unsloth-cpu" && mv "$VENV/unsloth-cpu.tmp" "$VENV/unsloth-cpu"
+fi
 echo "$want" > "$stamp"
 echo "environment ready: $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"

@@ -164,8 +164,11 @@ class UnslothBackbone(Backbone):
             return out.last_hidden_state
         self.override.set(inputs_embeds)
         self.base._tarpo_hidden = None
+        # return_dict: Unsloth's decode branch returns a plain tuple unless asked (it fills the
+        # default only on its other branch).
         out = class_forward(self.model)(input_ids=token_ids, attention_mask=attention_mask,
-                                        position_ids=position_ids, past_key_values=self._past, use_cache=True)
+                                        position_ids=position_ids, past_key_values=self._past, use_cache=True,
+                                        return_dict=True)
         self.override.pending = None
         self._past = out.past_key_values
         hidden = self.base.__dict__.get("_tarpo_hidden")

@@ -154,6 +154,9 @@ def main(argv=None) -> int:
     ap.add_argument("--score", help="a file this script wrote for the other backend: score its rollout")
     ap.add_argument("--steps", type=int, default=64, help="rollout steps")
     ap.add_argument("--completion", type=int, default=256, help="completion length of the scored synthetic batch")
+    ap.add_argument("--unsloth-on-cpu", action="store_true",
+                    help="Unsloth's Python code on the CPU, its Triton kernels stood in for (tests/unsloth_cpu.py); "
+                         "no trainer step")
     args = ap.parse_args(argv)
 
     import tarpo.trainer  # noqa: F401  (TRL's own GRPOTrainer before Unsloth can replace it)
@@ -162,8 +165,12 @@ def main(argv=None) -> int:
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
-    model, router, tok = load_trained(args.model, args.adapter, dtype, device if args.backend == "hf" else None,
-                                      backend=args.backend, max_seq_length=1024)
+    if args.unsloth_on_cpu:
+        import unsloth_cpu
+        model, router, tok = unsloth_cpu.load_trained(args.model, args.adapter)
+    else:
+        model, router, tok = load_trained(args.model, args.adapter, dtype, device if args.backend == "hf" else None,
+                                          backend=args.backend, max_seq_length=1024)
     model.eval()
     backbone = make_backbone(model)
     ids, mask = fixed_batch(model.config.vocab_size, device)
@@ -174,7 +181,8 @@ def main(argv=None) -> int:
         out["scores"] = teacher_forced(backbone, router, torch.load(args.score)["rollout"], device)
     out["loss"], out["grads"] = loss_and_grads(model, backbone, router, device, args.completion)
     del model, backbone
-    out["changed"] = train_step(args.model, args.backend, cuda, max(8, args.steps // 4))
+    out["changed"] = None if args.unsloth_on_cpu else train_step(args.model, args.backend, cuda,
+                                                                  max(8, args.steps // 4))
     tmp = args.out + ".tmp"
     torch.save(out, tmp)
     os.replace(tmp, args.out)
@@ -200,9 +208,10 @@ def compare(cand: dict, ref: dict) -> dict:
         "loss": cand["loss"], "loss_ref": ref["loss"],
         "loss_rel_diff": abs(cand["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-3),
         "grads_rel_err": rel_err(cand["grads"], ref["grads"]),
-        "unchanged_after_step": sorted(n for n, c in cand["changed"].items() if not c),
-        "unchanged_after_step_ref": sorted(n for n, c in ref["changed"].items() if not c),
-        "trained_tensors": len(cand["changed"]), "trained_tensors_ref": len(ref["changed"]),
+        **({} if cand["changed"] is None else {
+            "unchanged_after_step": sorted(n for n, c in cand["changed"].items() if not c),
+            "unchanged_after_step_ref": sorted(n for n, c in ref["changed"].items() if not c),
+            "trained_tensors": len(cand["changed"]), "trained_tensors_ref": len(ref["changed"])}),
     }
 
 
