@@ -2,6 +2,8 @@
 
     python benchmarks/gpu_bench.py --report docs/gpu/2026-11-22-H100.md [--tests-log gpu_tests.log]
     python benchmarks/gpu_bench.py --tiny --report /tmp/smoke.md      # a CPU smoke run of the code paths
+    python benchmarks/gpu_bench.py --only rollout-hf --json r.json    # one benchmark (benchmarks/gpu_check.sh)
+    python benchmarks/gpu_bench.py --render results.json --report docs/gpu/<date>-<gpu>.md
 
 On a random-init model with the Qwen2.5-1.5B configuration (bf16; no weights needed):
 
@@ -13,8 +15,11 @@ On a random-init model with the Qwen2.5-1.5B configuration (bf16; no weights nee
 - one training step (group 8, 1,024 completion tokens, LoRA r 32 on q/k/v/o, gradient
   checkpointing): time and peak memory of both paths.
 
-Every ratio is measured side by side in this one run. The report (Markdown) names the date,
-device and package versions; ``--tests-log`` appends the GPU tests' summary.
+Without ``--only`` every benchmark runs side by side in this one process. With ``--only`` one
+benchmark of BENCHES runs and its result (with date, device and the machine's boot id) goes to
+``--json``; ``--render`` turns a file of such results ({step: result}, benchmarks/gpu_check.sh
+writes it) into the report, with ratios only between results of the same machine. The report
+(Markdown) names the date, device and package versions; ``--tests-log`` appends the GPU tests' summary.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from reference_loop import reference_generate  # noqa: E402
 
 from tarpo.config import TarpoConfig  # noqa: E402
 from tarpo.eval import package_versions  # noqa: E402  (imports tarpo.trainer: TRL's class before unsloth)
+from tarpo.files import write_json_atomic, write_text_atomic  # noqa: E402
 from tarpo.hooks import make_backbone  # noqa: E402
 from tarpo.modeling import lora_config, resolve_backend  # noqa: E402
 from tarpo.objective import tarpo_loss  # noqa: E402
@@ -97,7 +103,8 @@ def load(path: str, backend: str, device, lora: bool, config: TarpoConfig):
     return model, load_tokenizer(path)
 
 
-def bench_rollout(path, backend, device, args, config):
+def bench_rollout(path, backend, device, args, config, ours=True, reference=False):
+    """Rollout tokens/s of ``backend`` (``ours``) and/or of the reference-style loop (``reference``)."""
     model, tok = load(path, backend, device, lora=True, config=config)
     model.eval()
     router = Router(model.config.hidden_size, bias=[2.2, 0.0]).to(device)
@@ -108,23 +115,24 @@ def bench_rollout(path, backend, device, args, config):
     spec = RolloutSpec(max_new_tokens=args.new_tokens, temperature=0.5, routing="learned")
     out = {}
 
-    def ours(n):
+    def generate(n):
         s = RolloutSpec(max_new_tokens=n, temperature=0.5, routing="learned")
         return hybrid_generate(make_backbone(model), router, prompts, mask, s, piece, [tok.eos_token_id],
                                tok.pad_token_id)
 
-    ours(16)  # warm-up (kernels, autotuning)
-    torch.manual_seed(0)
-    r = None
+    if ours:
+        generate(16)  # warm-up (kernels, autotuning)
+        torch.manual_seed(0)
+        r = None
 
-    def run():
-        nonlocal r
-        r = ours(spec.max_new_tokens)
-    t = timed(run, args.repeats)
-    out["tokens_per_s"] = int(r.units.sum()) / t
-    out["step_ms"] = 1000 * t / r.token_ids.shape[1]
-    out["soft_ratio"] = float(r.is_soft.sum() / r.units.sum())
-    if backend == "hf":
+        def run():
+            nonlocal r
+            r = generate(spec.max_new_tokens)
+        t = timed(run, args.repeats)
+        out["tokens_per_s"] = int(r.units.sum()) / t
+        out["step_ms"] = 1000 * t / r.token_ids.shape[1]
+        out["soft_ratio"] = float(r.is_soft.sum() / r.units.sum())
+    if reference:
         reference_generate(model, router, tok, prompts, mask, 16)
         t_ref = timed(lambda: reference_generate(model, router, tok, prompts, mask, args.new_tokens), 1)
         out["reference_tokens_per_s"] = args.batch * args.new_tokens / t_ref
@@ -165,41 +173,156 @@ def bench_train_step(path, backend, device, args, config):
     return {"step_s": t, "peak_bytes": peak, "first_loss": losses[0]}
 
 
-def report(res: dict, args) -> str:
-    v = res["versions"]
-    lines = [f"# GPU check: {res['device']}, {res['date']}", "",
-             "Packages: " + ", ".join(f"{k} {v[k]}" for k in v if v[k]), "",
-             f"Model: random-init {'tiny' if args.tiny else 'Qwen2.5-1.5B'} configuration, bf16 "
-             f"({res['weight_bytes'] / 2**30:.2f} GiB of weights). Copy bandwidth {res['bandwidth'] / 1e9:.0f} GB/s, "
-             f"weight-bandwidth floor of a decode step {res['floor_ms']:.2f} ms.", "",
-             f"## Rollout (batch {args.batch}, {args.new_tokens} new tokens, learned routing b0 = [2.2, 0])", "",
-             "| path | tokens/s | step ms | step / floor | soft ratio |", "|---|---|---|---|---|"]
-    for name, r in res["rollout"].items():
-        lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {r['step_ms'] / res['floor_ms']:.1f} "
+BENCHES = ("rollout-hf", "reference", "train-hf", "rollout-unsloth", "train-unsloth", "bandwidth")  # hf first:
+# importing unsloth changes transformers process-wide, so in one process the hf path must run before it.
+
+
+def provenance(device) -> dict:
+    """When and where a result was measured: ratios are side by side only within one boot id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+    except OSError:
+        boot_id = None
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "boot_id": boot_id,
+            "versions": package_versions(VERSIONED)}
+
+
+def run_one(name: str, args, path: str | None = None) -> dict:
+    """One benchmark of BENCHES on the random-init model at ``path`` (made here when None)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    res = {**provenance(device), "sizes": {k: getattr(args, k) for k in (
+        "tiny", "batch", "new_tokens", "prompt_len", "group", "train_completion", "repeats")}}
+    if name == "bandwidth":
+        res["bandwidth"] = copy_bandwidth(device)
+        return res
+    backend = "unsloth" if name.endswith("unsloth") else "hf"
+    if backend == "unsloth" and resolve_backend("auto") != "unsloth":
+        res["skipped"] = "needs CUDA and the gpu extra (unsloth)"
+        return res
+    config = TarpoConfig(output_dir=tempfile.mkdtemp(), lora_r=32, lora_alpha=64, bf16=device.type == "cuda",
+                         max_prompt_length=args.prompt_len, max_completion_length=max(args.new_tokens,
+                                                                                      args.train_completion),
+                         gradient_checkpointing=True, report_to="none")
+    with tempfile.TemporaryDirectory() as root:
+        path = path or random_model_dir(root, TINY if args.tiny else QWEN25_15B)
+        if name.startswith("train"):
+            res.update(bench_train_step(path, backend, device, args, config))
+        else:
+            res.update(bench_rollout(path, backend, device, args, config, ours=name != "reference",
+                                     reference=name == "reference"))
+    return res
+
+
+def _machine(result: dict):
+    return result.get("boot_id") or result.get("device")
+
+
+def _same_machine(*results) -> bool:
+    return all(r and "error" not in r and "skipped" not in r for r in results) and \
+        len({_machine(r) for r in results}) == 1
+
+
+def render(results: dict) -> str:
+    """The Markdown report of a {step: result} file; steps not run yet are named as such."""
+    steps = {k: v for k, v in results.items() if isinstance(v, dict)}
+    devices = sorted({str(v["device"]) for v in steps.values() if v.get("device")})
+    machines = {_machine(v) for v in steps.values() if _machine(v)}
+    dates = sorted(v["date"] for v in steps.values() if v.get("date"))
+    lines = [f"# GPU check: {', '.join(devices) or 'no results'}{', ' + dates[0][:10] if dates else ''}", ""]
+    if len(machines) > 1:
+        lines += [f"Results from {len(machines)} machines (boot ids): ratios are given only between results of "
+                  "one machine.", ""]
+    inst = steps.get("install")
+    if inst:
+        lines += ["## Install", "", f"{inst.get('gpu') or 'no GPU'}; Python {inst.get('python')}, torch "
+                  f"{inst.get('torch')} (CUDA {inst.get('cuda')}); {inst.get('date')}.", "",
+                  "Packages: " + ", ".join(f"{k} {v}" for k, v in inst.get("versions", {}).items() if v), ""]
+        if inst.get("pip_check"):
+            lines += ["`pip check` on the kit's packages:", "", "```", *inst["pip_check"], "```", ""]
+    tests = {k: v for k, v in steps.items() if k.startswith("test_")}
+    if tests:
+        lines += ["## Tests (each file in its own process)", "", "| file | exit | seconds | summary |",
+                  "|---|---|---|---|"]
+        lines += [f"| {k} | {v.get('rc')} | {v.get('seconds', '')} | {v.get('summary', '')} |"
+                  for k, v in tests.items()]
+        for k, v in tests.items():
+            if v.get("rc") != 0 and v.get("tail"):
+                lines += ["", f"{k}, end of its log:", "", "```", *v["tail"], "```"]
+        lines.append("")
+
+    def cell(name):  # why a benchmark has no numbers
+        r = steps.get(name)
+        return "not run" if r is None else r.get("error") or r.get("skipped")
+
+    bw, ref = steps.get("bandwidth"), steps.get("reference")
+    bench = next((v for k, v in steps.items() if k in BENCHES and "sizes" in v), None)
+    sz = bench["sizes"] if bench else {}
+    if bench:
+        lines += [f"Benchmarks: random-init {'tiny' if sz['tiny'] else 'Qwen2.5-1.5B'} configuration, "
+                  f"{'float32' if bench['device'] == 'cpu' else 'bf16'}.", ""]
+    lines += [f"## Rollout (batch {sz['batch']}, {sz['new_tokens']} new tokens, learned routing b0 = [2.2, 0])"
+              if sz else "## Rollout", "", "| path | tokens/s | step ms | step / floor | soft ratio |",
+              "|---|---|---|---|---|"]
+    for name in ("rollout-hf", "rollout-unsloth"):
+        r = steps.get(name)
+        if cell(name):
+            lines.append(f"| {name} | {cell(name)} | | | |")
+            continue
+        floor = (f"{r['step_ms'] / (1000 * r['weight_bytes'] / bw['bandwidth']):.1f}" if _same_machine(r, bw)
+                 else "")
+        lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {floor} "
                      f"| {r['soft_ratio']:.3f} |")
-    hf = res["rollout"]["hf"]
-    lines.append(f"| reference-style loop | {hf['reference_tokens_per_s']:.0f} | | | |")
-    lines += ["", f"## Training step (group {args.group}, {args.train_completion} completion tokens, LoRA r 32)", "",
-              "| path | step s | peak memory GiB | loss |", "|---|---|---|---|"]
-    for name, r in res["train"].items():
-        lines.append(f"| {name} | {r['step_s']:.3f} | {r['peak_bytes'] / 2**30:.2f} | {r['first_loss']:.6f} |")
-    lines += ["", "## Ratios (measured side by side in this run)", ""]
-    for key, value in res["ratios"].items():
-        lines.append(f"- {key}: {value:.3f}")
-    if res.get("acceptance"):
+    ref_cell = cell("reference") or f"{ref['reference_tokens_per_s']:.0f}"
+    lines.append(f"| reference-style loop | {ref_cell} | | | |")
+    if bw and not cell("bandwidth"):
+        weights = next((steps[n]["weight_bytes"] for n in ("rollout-hf", "rollout-unsloth")
+                        if not cell(n) and _same_machine(steps[n], bw)), None)
+        lines += ["", f"Copy bandwidth {bw['bandwidth'] / 1e9:.0f} GB/s" + (
+            f"; {weights / 2**30:.2f} GiB of weights, so a decode step's weight-bandwidth floor is "
+            f"{1000 * weights / bw['bandwidth']:.2f} ms." if weights else ".")]
+    elif cell("bandwidth"):
+        lines += ["", f"Copy bandwidth: {cell('bandwidth')}."]
+    lines += ["", f"## Training step (group {sz['group']}, {sz['train_completion']} completion tokens, LoRA r 32)"
+              if sz else "## Training step", "", "| path | step s | peak memory GiB | loss |", "|---|---|---|---|"]
+    for name in ("train-hf", "train-unsloth"):
+        r = steps.get(name)
+        lines.append(f"| {name} | {cell(name)} | | |" if cell(name) else
+                     f"| {name} | {r['step_s']:.3f} | {r['peak_bytes'] / 2**30:.2f} | {r['first_loss']:.6f} |")
+    rh, ru, th, tu = (steps.get(n) for n in ("rollout-hf", "rollout-unsloth", "train-hf", "train-unsloth"))
+    ratios = {}
+    if _same_machine(rh, ref):
+        ratios["hf rollout / reference-style loop (tokens/s)"] = rh["tokens_per_s"] / ref["reference_tokens_per_s"]
+    if _same_machine(rh, ru):
+        ratios["unsloth / hf rollout (tokens/s)"] = ru["tokens_per_s"] / rh["tokens_per_s"]
+    if _same_machine(th, tu):
+        ratios["hf / unsloth training step time"] = th["step_s"] / tu["step_s"]
+        ratios["unsloth / hf training peak memory"] = tu["peak_bytes"] / th["peak_bytes"]
+    lines += ["", "## Ratios (only between results of the same machine)", ""]
+    lines += [f"- {k}: {v:.3f}" for k, v in ratios.items()] or ["- none yet"]
+    if _same_machine(rh, ru) and _same_machine(th, tu):  # each pair side by side
+        ok = ru["tokens_per_s"] >= rh["tokens_per_s"] and tu["step_s"] <= th["step_s"] and \
+            tu["peak_bytes"] <= th["peak_bytes"]
         lines += ["", f"Unsloth at least as fast on rollout and training step, no more peak memory: "
-                  f"**{res['acceptance']}**"]
-    if args.tests_log and os.path.exists(args.tests_log):
-        tail = open(args.tests_log).read().strip().splitlines()[-15:]
-        lines += ["", "## GPU tests (tests/test_gpu.py)", "", "```", *tail, "```"]
-    lines += ["", "Raw numbers:", "", "```json", json.dumps(res, indent=1, default=str), "```"]
+                  f"**{'yes' if ok else 'no'}**"]
+    stepwise = ("install", "test_patches.py", "test_hooks.py", "test_gpu.py") if "install" in steps else ()
+    missing = [k for k in (*stepwise, *BENCHES) if k not in steps]
+    if missing:
+        lines += ["", "Not run yet: " + ", ".join(missing) + "."]
+    if "tests-log" in steps:
+        lines += ["", "## GPU tests (tests/test_gpu.py)", "", "```", *steps["tests-log"]["tail"], "```"]
+    lines += ["", "Raw numbers:", "", "```json", json.dumps(results, indent=1, default=str), "```"]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--report", required=True)
+    ap.add_argument("--report", help="the Markdown report to write (all-in-one run, or --render)")
     ap.add_argument("--tests-log")
+    ap.add_argument("--only", choices=BENCHES, help="run this one benchmark and write its result to --json")
+    ap.add_argument("--json", help="where --only writes its result")
+    ap.add_argument("--render", metavar="RESULTS", help="render the {step: result} JSON file RESULTS to --report")
     ap.add_argument("--tiny", action="store_true", help="tiny model, small sizes (a CPU smoke run)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=512)
@@ -210,41 +333,30 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.tiny:
         args.batch, args.new_tokens, args.prompt_len, args.train_completion, args.repeats = 4, 16, 8, 32, 1
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    backends = ["hf"] + (["unsloth"] if resolve_backend("auto") == "unsloth" else [])
-    config = TarpoConfig(output_dir=tempfile.mkdtemp(), lora_r=32, lora_alpha=64, bf16=device.type == "cuda",
-                         max_prompt_length=args.prompt_len, max_completion_length=max(args.new_tokens,
-                                                                                      args.train_completion),
-                         gradient_checkpointing=True, report_to="none")
-    with tempfile.TemporaryDirectory() as root:
-        path = random_model_dir(root, TINY if args.tiny else QWEN25_15B)
-        res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "versions": package_versions(VERSIONED),
-               "rollout": {}, "train": {}}
-        for b in backends:
-            res["rollout"][b] = bench_rollout(path, b, device, args, config)
-            free_memory()
-            res["train"][b] = bench_train_step(path, b, device, args, config)
-            free_memory()
-    res["weight_bytes"] = res["rollout"]["hf"]["weight_bytes"]
-    res["bandwidth"] = copy_bandwidth(device)
-    res["floor_ms"] = 1000 * res["weight_bytes"] / res["bandwidth"]
-    hf = res["rollout"]["hf"]
-    res["ratios"] = {"hf rollout / reference-style loop (tokens/s)": hf["tokens_per_s"] / hf["reference_tokens_per_s"]}
-    if "unsloth" in backends:
-        un, ut, ht = res["rollout"]["unsloth"], res["train"]["unsloth"], res["train"]["hf"]
-        res["ratios"].update({
-            "unsloth / hf rollout (tokens/s)": un["tokens_per_s"] / hf["tokens_per_s"],
-            "hf / unsloth training step time": ht["step_s"] / ut["step_s"],
-            "unsloth / hf training peak memory": ut["peak_bytes"] / ht["peak_bytes"],
-        })
-        ok = (un["tokens_per_s"] >= hf["tokens_per_s"] and ut["step_s"] <= ht["step_s"]
-              and ut["peak_bytes"] <= ht["peak_bytes"])
-        res["acceptance"] = "yes" if ok else "no"
-    os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
-    text = report(res, args)
-    with open(args.report, "w") as f:
-        f.write(text)
+    if args.only:
+        if not args.json:
+            ap.error("--only needs --json")
+        res = run_one(args.only, args)
+        write_json_atomic(args.json, res)
+        if "skipped" in res:
+            print(f"gpu_bench: {args.only} skipped: {res['skipped']}", file=sys.stderr)
+        return 1 if "skipped" in res and torch.cuda.is_available() else 0  # on a GPU, a skip is a failure
+    if not args.report:
+        ap.error("--report is needed (or --only with --json)")
+    if args.render:
+        with open(args.render) as f:
+            results = json.load(f)
+    else:
+        results = {}
+        with tempfile.TemporaryDirectory() as root:
+            path = random_model_dir(root, TINY if args.tiny else QWEN25_15B)
+            for name in BENCHES:
+                results[name] = run_one(name, args, path)
+                free_memory()
+        if args.tests_log and os.path.exists(args.tests_log):
+            results["tests-log"] = {"tail": open(args.tests_log).read().strip().splitlines()[-15:]}
+    text = render(results)
+    write_text_atomic(args.report, text)
     print(text)
     return 0
 
