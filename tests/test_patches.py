@@ -26,6 +26,18 @@ def test_patch_targets_exist_with_the_expected_signatures_in_the_installed_unslo
     check_source()
 
 
+CPU_SITE_UNSLOTH = os.path.join(ROOT, ".venv", "unsloth-cpu", "unsloth")
+
+
+@pytest.mark.skipif(not os.path.isdir(CPU_SITE_UNSLOTH), reason="no Unsloth in .venv/unsloth-cpu (setup_env.sh)")
+def test_patch_targets_exist_in_the_pinned_unsloth_kept_for_cpu_tests():
+    from importlib.metadata import PathDistribution
+    from pathlib import Path
+    dist = Path(CPU_SITE_UNSLOTH).parent / f"unsloth-{EXPECTED_VERSIONS['unsloth']}.dist-info"
+    assert PathDistribution(dist).version == EXPECTED_VERSIONS["unsloth"]
+    check_source(CPU_SITE_UNSLOTH)
+
+
 def _fake_unsloth(tmp_path, llama_source):
     (tmp_path / "models").mkdir(parents=True)
     (tmp_path / "models" / "llama.py").write_text(llama_source)
