@@ -140,6 +140,16 @@ class TarpoConfig(GRPOConfig):
         def bad(name, why):
             raise ValueError(f"TarpoConfig.{name}={getattr(self, name)!r}: {why}")
 
+        for name in ("learning_rate", "router_lr", "hrpo_lr", "beta", "lambda_act", "alpha_action_kl",
+                     "weight_decay", "entropy_threshold", "warmup_steps"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            bad("max_grad_norm", "must be > 0")
+        if self.lora_r < 1 or self.lora_alpha <= 0:
+            bad("lora_r" if self.lora_r < 1 else "lora_alpha", "must be >= 1" if self.lora_r < 1 else "must be > 0")
+        if not self.lora_target_modules:
+            bad("lora_target_modules", "must name at least one module")
         if self.routing not in ROUTING_MODES:
             bad("routing", f"must be one of {ROUTING_MODES}")
         if self.token_kl not in TOKEN_KL_MODES:

@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import os
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -228,15 +229,34 @@ def summary_line(res: dict) -> str:
     return line
 
 
+def check_out(out: str) -> None:
+    """``--out`` is a folder this process can write into, or can be created: checked before any
+    model is loaded and before anything is written (an existing folder gets a probe file)."""
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"--out {out}: {parent} exists and is not a folder")
+    try:
+        if parent == os.path.abspath(out):
+            with tempfile.TemporaryFile(dir=parent):
+                pass
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"cannot create a folder in {parent}")
+    except OSError as exc:
+        raise ValueError(f"--out {out}: not writable ({exc.strerror or exc})") from None
+
+
 def run(args) -> int:
     check_arguments(args)
-    os.makedirs(args.out, exist_ok=True)
+    check_out(args.out)
     plans = []
     for task in args.task_list:  # data and resume files are checked before any model is loaded
         examples = list(load_task(task, args.data_dir and os.path.join(args.data_dir, task), limit=args.limit))
         per_chunk = max(1, args.batch_size // args.n)
         traj = TrajectoryFile(args.out, task, task_settings(args, task), len(examples), per_chunk, args.restart)
         plans.append((task, examples, traj))
+    os.makedirs(args.out, exist_ok=True)
 
     model, router, gate, tokenizer, device = load_system(args.model, args.adapter, args.mode, args.dtype,
                                                          args.action_temperature, args.backend)

@@ -22,7 +22,7 @@ from .graders import grade_batch
 from .metrics import majority_vote, mean_pass_at_k, mean_sd_ci
 from .rollout import RolloutSpec, hybrid_generate
 from .tagging import token_piece_fn
-from .trainer import encode_prompts
+from .prompts import encode_prompts
 
 MODES = {"cot": "hard", "hard": "hard", "pure_latent": "soft", "entropy": "entropy", "tarpo": "learned",
          "hrpo": "hrpo", "greedy": "hard"}

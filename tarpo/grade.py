@@ -2,9 +2,12 @@
 
 Reads a JSONL file whose lines hold ``completion`` and ``gold`` (an evaluation trajectory
 file has both), grades every line with the task's grader (or ``--grader``), and writes the
-lines with ``score`` (and ``answer``, ``timed_out``) added to ``--out``. The output is
-written to a temporary file and renamed into place, so a failed run leaves no partial
-file. The last line printed is ``graded N correct C timeouts T``.
+lines with ``score`` (and ``answer``, ``timed_out``) added to ``--out``. Graded lines are
+appended to ``<out>.partial`` chunk by chunk as they are produced, and the file is renamed to
+``--out`` when every line is graded: a killed run leaves no ``--out`` and keeps what it graded.
+An input line that could not be written back (text that is not valid Unicode, such as a lone
+surrogate escape) is refused before grading, naming the line. The last line printed is
+``graded N correct C timeouts T``.
 
     tarpo grade --task math500 runs/eval/math500.jsonl --out regraded.jsonl
     tarpo grade --task gsm8k --grader math_verify --reward runs/x.jsonl --out y.jsonl
@@ -14,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from .answers import FALLBACKS
-from .files import write_text_atomic
 from .graders import DEFAULT_TIMEOUT, DEFAULT_WORKERS, GRADERS, grade_batch
 from .tasks import TASKS
 
@@ -53,14 +56,22 @@ def read_lines(path: str, kind: str) -> list[dict]:
             for name in required:
                 if not isinstance(row.get(name), str):
                     raise ValueError(f"{path}: line {n}: field {name!r} is missing or not a string")
+            try:
+                _encode(row)
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"{path}: line {n}: text that cannot be written as UTF-8 ({exc.reason}: "
+                                 f"{exc.object[exc.start:exc.end]!r})") from None
             rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no lines to grade")
     return rows
 
 
-def write_atomic(path: str, rows: list[dict]) -> None:
-    write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+def _encode(row: dict) -> bytes:
+    return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+CHUNK = 256  # lines graded (and written) at a time
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,11 +81,21 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--fallbacks: unknown {sorted(unknown)}; known: {list(FALLBACKS)}")
     rows = read_lines(args.input, task.kind)
-    examples = [{**row, "task": args.task} for row in rows]
-    grades = grade_batch([r["completion"] for r in rows], examples, args.grader, reward=args.reward,
-                         fallbacks=fallbacks, workers=args.workers, timeout=args.timeout)
-    out = [{**row, "score": g.score, "answer": g.answer, "timed_out": g.timed_out} for row, g in zip(rows, grades)]
-    write_atomic(args.out, out)
+    partial = args.out + ".partial"
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    grades = []
+    with open(partial, "wb") as f:
+        for start in range(0, len(rows), CHUNK):
+            chunk = rows[start:start + CHUNK]
+            got = grade_batch([r["completion"] for r in chunk], [{**r, "task": args.task} for r in chunk],
+                              args.grader, reward=args.reward, fallbacks=fallbacks, workers=args.workers,
+                              timeout=args.timeout)
+            f.write(b"".join(_encode({**r, "score": g.score, "answer": g.answer, "timed_out": g.timed_out})
+                             for r, g in zip(chunk, got)))
+            f.flush()
+            grades += got
+        os.fsync(f.fileno())
+    os.replace(partial, args.out)
     correct = sum(g.score for g in grades)
     print(f"grader {args.grader or task.grader}{' (reward rule)' if args.reward else ''}: wrote {args.out}")
     print(f"graded {len(grades)} correct {int(correct)} timeouts {sum(g.timed_out for g in grades)}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 from .files import write_json_atomic
 from .presets import resolve
@@ -62,6 +63,22 @@ def check_data(cfg: dict) -> None:
                              f"{', '.join(cfg['eval_tasks'])})")
 
 
+def check_trainer(cfg: dict, cuda: bool) -> None:
+    """Build the trainer's configuration once, before anything is loaded or written; an invalid
+    field is reported under the launcher variable that sets it."""
+    import re
+
+    from .config import TarpoConfig
+    from .presets import variable_of
+    with tempfile.TemporaryDirectory() as scratch:  # nothing may appear in the run folder yet
+        try:
+            TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch},
+                        report_to="none")
+        except ValueError as exc:
+            raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
+                                    lambda m: f"{variable_of(m[1]) or 'TarpoConfig.' + m[1]}=", str(exc))) from None
+
+
 def print_config(cfg: dict) -> None:
     for key, value in cfg.items():
         if key != "trainer":
@@ -79,17 +96,20 @@ def train(cfg: dict) -> str:
     from .config import TarpoConfig
     from .graders import reward_function
     from .modeling import load_tokenizer, training_policy
+    from .prompts import count_too_long
     from .tasks import load_task
     from .trainer import TarpoTrainer
 
     run_dir = cfg["run_dir"]
     args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
     dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
+    tokenizer = load_tokenizer(cfg["model"])
+    count_too_long(tokenizer, dataset["prompt"], args.max_prompt_length)  # a prompt that cannot fit: refused now
     os.makedirs(run_dir, exist_ok=True)
     write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg)
     model = training_policy(cfg["model"], args, cfg["backend"], "bfloat16" if args.bf16 else "float32")
     trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
-                           processing_class=load_tokenizer(cfg["model"]),
+                           processing_class=tokenizer,
                            callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
     last = get_last_checkpoint(run_dir) if os.path.isdir(run_dir) else None
     trainer.train(resume_from_checkpoint=last)
@@ -117,17 +137,18 @@ def main(argv=None) -> int:
         print("usage: python -m tarpo.launch {gsm8k|math|dapo}   (settings come from the environment)",
               file=sys.stderr)
         return 2
+    import torch
+    cuda = torch.cuda.is_available()
     try:
         cfg = resolve(argv[0], dict(os.environ))
         check_data(cfg)
+        check_trainer(cfg, cuda)
     except ValueError as exc:
         print(f"tarpo launch: error: {exc}", file=sys.stderr)
         return 2
     if cfg["dry_run"]:
         print_config(cfg)
         return 0
-    import torch
-    cuda = torch.cuda.is_available()
     check_runnable(cfg, cuda)
     if not cuda and "BF16" not in os.environ:
         cfg["trainer"]["bf16"] = False  # a tiny local model on CPU trains in fp32

@@ -96,6 +96,24 @@ SETTINGS = {
 }
 
 
+def looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id (``org/name``).
+
+    >>> [looks_like_path(x) for x in ("Qwen/Qwen2.5-3B-Instruct", "/models/q", "./q", "~/q", "a/b/c", "q")]
+    [False, True, True, True, True, False]
+    """
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def variable_of(field: str) -> str | None:
+    """The launcher variable that sets a :class:`tarpo.config.TarpoConfig` field, if any.
+
+    >>> variable_of("learning_rate"), variable_of("output_dir")
+    ('LR', None)
+    """
+    return next((name for name, (f, _) in VARIABLES.items() if f == field), None)
+
+
 def _parse(name, parser, raw):
     try:
         return parser(raw)
@@ -117,12 +135,23 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         raise ValueError(f"ALGO={algo!r}: must be one of {', '.join(ALGOS)}")
     model_key = s.get("MODEL", DEFAULT_MODEL)
     preset = MODELS.get(model_key.lower())
-    if preset is None and "/" not in model_key and not os.path.isdir(model_key):
-        raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
+    if preset is None and not os.path.isdir(model_key):
+        if looks_like_path(model_key):
+            raise ValueError(f"MODEL={model_key!r}: no such folder")
+        if "/" not in model_key:
+            raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
+    for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT"):
+        if name in s and s[name] < 1:
+            raise ValueError(f"{name}={s[name]}: must be >= 1")
     data = DATASETS[dataset]
     trainer = {**COMMON, **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
                **{k: v for k, v in (preset or {}).items() if k != "hub_id"}, "routing": ALGOS[algo]["routing"]}
     trainer.update({VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES})
+    group, batch = trainer["num_generations"], trainer["per_device_train_batch_size"]
+    if group < 2:
+        raise ValueError(f"GROUP_SIZE={group}: a group-relative advantage needs at least 2 completions per prompt")
+    if batch < 1 or batch % group:
+        raise ValueError(f"BATCH={batch}: completions per step must be a positive multiple of GROUP_SIZE={group}")
     model = preset["hub_id"] if preset else model_key
     short = model_key.lower() if preset else os.path.basename(os.path.normpath(model_key))
     b0 = trainer["action_bias"]

@@ -252,16 +252,36 @@ def _read_local(path: str, split: str) -> list[tuple[str, dict]]:
             raise DataError(f"{path}: a .json data file must hold a list of records")
         return [(f"{path}: row {i + 1}", r) for i, r in enumerate(data)]
     out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f):
+            line = _utf8(raw, f"{path}: row {i + 1}")
             if line.strip():
                 out.append((f"{path}: row {i + 1}", _load_json_line(line, f"{path}: row {i + 1}")))
     return out
 
 
+def _utf8(raw: bytes, where: str) -> str:
+    """``raw`` decoded, or a :class:`DataError` naming ``where`` and the offending byte.
+
+    >>> _utf8(b"ok", "f: row 1")
+    'ok'
+    >>> _utf8(b'{"q": "caf\\xe9"}', "f: row 2")
+    Traceback (most recent call last):
+    ...
+    tarpo.tasks.DataError: f: row 2: not UTF-8 (byte 0xe9 at column 11)
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start)
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        at = f"line {line + 1}, column {col}" if line else f"column {col}"
+        raise DataError(f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at {at})") from None
+
+
 def _load_json(file: str, where: str):
-    with open(file, encoding="utf-8") as f:
-        return _load_json_line(f.read(), where)
+    with open(file, "rb") as f:
+        return _load_json_line(_utf8(f.read(), where), where)
 
 
 def _load_json_line(text: str, where: str):
@@ -290,7 +310,7 @@ def load_task(name: str, path: str | None = None, split: str | None = None, limi
     raw = _read_local(path, split) if path else _read_hub(task, split)
     if not raw:
         raise DataError(f"{path or task.hub_id}: no records")
-    examples = []
+    examples, first_row, duplicates = [], {}, {}
     for i, (where, record) in enumerate(raw[:limit] if limit else raw):
         if not isinstance(record, dict):
             raise DataError(f"{where}: a record must be a JSON object")
@@ -299,6 +319,12 @@ def load_task(name: str, path: str | None = None, split: str | None = None, limi
         if not isinstance(question, str) or not question.strip():
             raise DataError(f"{where}: the question text is empty")
         rid = next((str(record[f]) for f in task.id_fields if record.get(f) is not None), str(i))
+        if rid in first_row:
+            duplicates.setdefault(rid, [first_row[rid]]).append(where)
+        first_row.setdefault(rid, where)
         examples.append({"id": rid, "prompt": messages(task.kind, question), "gold": str(gold),
                          "level": "", "subject": "", "task": task.name, **extra})
+    if duplicates:  # evaluation groups samples by id: duplicates would merge questions and share one gold
+        shown = "; ".join(f"id {rid!r} at {', '.join(rows)}" for rid, rows in list(duplicates.items())[:5])
+        raise DataError(f"{path or task.hub_id}: {len(duplicates)} duplicate example id(s): {shown}")
     return datasets.Dataset.from_list(examples)

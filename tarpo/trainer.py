@@ -28,6 +28,7 @@ The router is trainable only under ``routing="learned"``; the baselines of DESIG
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -45,8 +46,10 @@ from .rollout import Rollout, RolloutSpec, hybrid_generate
 from .router import Router
 from .scoring import score_rollout
 from .patches.trl_guard import check_overrides, pristine_grpo_trainer
+from .prompts import count_too_long, encode_prompts
 from .tagging import token_piece_fn
 
+logger = logging.getLogger(__name__)
 GRPOTrainer = pristine_grpo_trainer()  # TRL's own class, never Unsloth's rewrite of it (tarpo.patches.trl_guard)
 
 REF_ROUTER_DIR = "router_ref"
@@ -54,34 +57,6 @@ _ROLLOUT_KEYS = [
     "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
     "soft_weights", "p_soft", "entropy", "logp", "soft_inputs", "ended_with_eos",
 ]
-
-
-def encode_prompts(tokenizer, prompts, max_length: int, device=None):
-    """Tokenise prompts (chat messages get the chat template and generation prompt),
-    keep the last ``max_length`` tokens of each (left truncation), left-pad.
-
-    Returns ``(ids, mask, n_truncated)``.
-    """
-    rows = []
-    for i, prompt in enumerate(prompts):
-        if isinstance(prompt, list):
-            text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        elif isinstance(prompt, str):
-            text = prompt
-        else:
-            raise ValueError(f"prompt of row {i} must be a string or a list of chat messages, got "
-                             f"{type(prompt).__name__}")
-        rows.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    n_truncated = sum(len(r) > max_length for r in rows)
-    rows = [r[-max_length:] for r in rows]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.tensor(r)
-            mask[i, width - len(r):] = 1
-    return ids.to(device), mask.to(device), n_truncated
 
 
 def keep_fp32_state(optimizer, params) -> None:
@@ -128,6 +103,11 @@ class TarpoTrainer(GRPOTrainer):
         if not isinstance(args, TarpoConfig):
             raise TypeError("args must be a TarpoConfig")
         check_dataset(train_dataset)
+        too_long = count_too_long(processing_class, train_dataset["prompt"], args.max_prompt_length)
+        if too_long:  # said once, at the start of the run (docs: tarpo.prompts)
+            logger.warning(f"{too_long} of {len(train_dataset)} training prompts are longer than max_prompt_length="
+                           f"{args.max_prompt_length} tokens: their last user turn is cut from the left (system "
+                           "prompt and chat template kept)")
         if peft_config is None and not isinstance(model, PeftModel):
             peft_config = lora_config(args)
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,

@@ -100,7 +100,7 @@ def test_gsm8k_launcher_end_to_end_with_a_tiny_model_then_plot_and_case(tmp_path
     tok.save_pretrained(tmp_path / "tiny")
     res = launch("run_gsm8k.sh", timeout=600, MODEL=str(tmp_path / "tiny"), DATA_PATH=os.path.join(DATA, "gsm8k"),
                  OUT_DIR=str(tmp_path / "runs"), TRAIN_LIMIT="8", MAX_STEPS="2", BATCH="8", GROUP_SIZE="4",
-                 MAX_PROMPT_LENGTH="96", MAX_COMPLETION_LENGTH="16", ACTION_BIAS="0,0", LORA_R="4", LORA_ALPHA="8",
+                 MAX_PROMPT_LENGTH="400", MAX_COMPLETION_LENGTH="16", ACTION_BIAS="0,0", LORA_R="4", LORA_ALPHA="8",
                  EVAL="1", EVAL_N="2", EVAL_LIMIT="3", EVAL_DATA_DIR=DATA)
     assert res.returncode == 0, res.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()

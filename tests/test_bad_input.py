@@ -1,0 +1,158 @@
+"""Bad input is caught before any model is loaded and before any file is written, and the error
+names the variable, file, row or id (issue #12, part 3), plus the smaller output rules of part 4."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from tarpo import launch
+from tarpo.cli import main as cli
+from tarpo.tasks import DataError, load_task
+from tarpo.tiny import char_tokenizer
+
+LAUNCH_VARIABLES = ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN", "LR", "GROUP_SIZE", "BATCH", "EVAL_N")
+
+
+def run_launcher(monkeypatch, tmp_path, capsys, **env):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OUT_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("MODEL", env.pop("MODEL", "/no/such/model/folder"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = launch.main(["gsm8k"])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"LR": "-1"}, "LR=-1.0: must be >= 0"),
+    ({"ROUTER_LR": "-0.1"}, "ROUTER_LR=-0.1: must be >= 0"),
+    ({"EVAL": "1", "EVAL_N": "0"}, "EVAL_N=0: must be >= 1"),
+    ({"GROUP_SIZE": "3", "BATCH": "8"}, "BATCH=8: completions per step must be a positive multiple of GROUP_SIZE=3"),
+    ({}, "MODEL='/no/such/model/folder': no such folder"),
+    ({"DRY_RUN": "1"}, "MODEL='/no/such/model/folder': no such folder"),
+])
+def test_launcher_names_the_bad_variable_before_loading_or_writing(monkeypatch, tmp_path, capsys, env, message):
+    if "MODEL" not in env and not message.startswith("MODEL"):
+        env["MODEL"] = "qwen2.5-1.5b"  # a valid preset: only the named variable is wrong
+    code, err = run_launcher(monkeypatch, tmp_path, capsys, **env)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "runs").exists()  # no run folder, no launch_config.json
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_non_utf8_data_names_file_and_row(tmp_path):
+    path = tmp_path / "test.jsonl"
+    path.write_bytes(b'{"question": "a", "answer": "#### 1"}\n{"question": "caf\xe9", "answer": "#### 2"}\n')
+    with pytest.raises(DataError, match=r"test\.jsonl: row 2: not UTF-8 \(byte 0xe9 at column 18\)"):
+        load_task("gsm8k", str(path))
+
+
+def test_duplicate_example_ids_are_refused_naming_them(tmp_path):
+    rows = [{"problem": f"q{i}", "answer": str(i), "unique_id": f"id{i % 2}"} for i in range(4)]
+    path = write_jsonl(tmp_path / "test.jsonl", rows)
+    with pytest.raises(DataError, match=r"2 duplicate example id\(s\): id 'id0' at .*row 1, .*row 3; id 'id1'"):
+        load_task("math500", path)
+
+
+def test_eval_refuses_an_unwritable_out_before_loading_and_creates_nothing_on_bad_data(tmp_path, capsys):
+    data = tmp_path / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    write_jsonl(data / "test.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
+    base = ["eval", "--model", "/no/such/model", "--tasks", "gsm8k", "--data-dir", str(tmp_path / "data"),
+            "--mode", "cot", "--n", "1"]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert cli(base + ["--out", str(blocker / "eval")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    (data / "test.jsonl").write_bytes(b"\xff\n")
+    assert cli(base + ["--out", str(tmp_path / "new-out")]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+    assert not (tmp_path / "new-out").exists()
+
+
+def test_grade_names_a_line_it_could_not_write_and_writes_as_it_grades(tmp_path, capsys, monkeypatch):
+    import tarpo.grade as grade
+    good = {"completion": "#### 2", "gold": "2"}
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps(good) + "\n" + '{"completion": "#### \\ud800", "gold": "2"}\n')
+    out = tmp_path / "out.jsonl"
+    assert cli(["grade", "--task", "gsm8k", str(src), "--out", str(out)]) == 2
+    assert "in.jsonl: line 2: text that cannot be written as UTF-8" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "out.jsonl.partial").exists()
+
+    src.write_text("".join(json.dumps({**good, "i": i}) + "\n" for i in range(5)))
+    monkeypatch.setattr(grade, "CHUNK", 2)
+    real, calls = grade.grade_batch, []
+
+    def dies_on_third_chunk(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # a kill while grading
+        return real(*a, **k)
+    monkeypatch.setattr(grade, "grade_batch", dies_on_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        cli(["grade", "--task", "gsm8k", str(src), "--out", str(out), "--workers", "1"])
+    kept = [json.loads(x) for x in (tmp_path / "out.jsonl.partial").read_text().splitlines()]
+    assert [r["i"] for r in kept] == [0, 1, 2, 3] and all(r["score"] == 1.0 for r in kept)
+    assert not out.exists()
+
+
+def test_a_long_chat_prompt_keeps_its_system_prompt_and_template():
+    from tarpo.prompts import encode_prompts
+    tok = char_tokenizer()
+    system = {"role": "system", "content": "SYSTEM RULES"}
+    prompt = [system, {"role": "user", "content": "BEGIN " + "x" * 300 + " end"}]
+    ids, mask, n = encode_prompts(tok, [prompt], max_length=80)
+    text = tok.decode(ids[0][mask[0].bool()])
+    assert n == 1 and mask.sum() <= 80
+    assert "SYSTEM RULES" in text and text.endswith("end<|im_end|>\n<|im_start|>assistant\n")
+    assert "BEGIN" not in text
+    with pytest.raises(ValueError, match="prompt of row 0: even with an empty last user turn"):
+        encode_prompts(tok, [[{"role": "system", "content": "S" * 200}, {"role": "user", "content": "q"}]], 40)
+
+
+def test_the_trainer_says_how_many_prompts_will_be_cut_at_the_start(tmp_path, caplog):
+    import datasets
+
+    from tarpo.tiny import tiny_causal_lm
+    from tarpo.trainer import TarpoTrainer
+    from test_trainer import letter_reward, make_args
+    tok = char_tokenizer()
+    rows = [{"prompt": [{"role": "user", "content": "q" * (200 if i < 3 else 5)}]} for i in range(8)]
+    with caplog.at_level("WARNING", logger="tarpo.trainer"):
+        TarpoTrainer(model=tiny_causal_lm(tok), reward_funcs=letter_reward, processing_class=tok,
+                     args=make_args(tmp_path, max_prompt_length=64), train_dataset=datasets.Dataset.from_list(rows))
+    assert "3 of 8 training prompts are longer than max_prompt_length=64" in caplog.text
+
+
+def test_results_and_settings_get_the_users_umask(tmp_path):
+    from tarpo.files import write_json_atomic
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(str(tmp_path / "r.json"), {"a": 1})
+        (tmp_path / "t.jsonl").write_text("")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "r.json").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(tmp_path / "t.jsonl").st_mode) == 0o644
+
+
+def test_launcher_refuses_a_prompt_that_cannot_fit_before_loading_the_model(monkeypatch, tmp_path, capsys):
+    from tarpo.tiny import tiny_causal_lm
+    tok = char_tokenizer()
+    tiny_causal_lm(tok).save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    data = write_jsonl(tmp_path / "train.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
+    loads = []
+    monkeypatch.setattr("tarpo.modeling.training_policy", lambda *a, **k: loads.append(1))
+    code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL=str(tmp_path / "tiny"), DATA_PATH=data,
+                             MAX_PROMPT_LENGTH="32", BF16="0")
+    assert code == 2 and "prompt of row 0: even with an empty last user turn" in err, err
+    assert loads == [] and not (tmp_path / "runs").exists()
