@@ -3,17 +3,43 @@
 from __future__ import annotations
 
 import json
+import os
 
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
+from .files import write_text_atomic
+
 
 class JsonlLogger(TrainerCallback):
     """Appends every log record of the Trainer to a JSONL file (the run's metrics log,
-    read by ``tarpo plot``)."""
+    read by ``tarpo plot``).
+
+    When training starts at step N (0, or the step of the checkpoint it resumes from), the records
+    of later steps are dropped first (rewriting the file atomically): those of the steps a resumed
+    run rolls back and trains again, and a line cut by a kill. The log keeps one record per step,
+    the latest."""
 
     def __init__(self, path: str):
         self.path = path
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or not os.path.isfile(self.path):
+            return
+        keep, dropped = [], False
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                    rolled_back = record.get("step", 0) > state.global_step
+                except (ValueError, AttributeError, TypeError):  # cut by a kill, or not a record
+                    rolled_back = True
+                if rolled_back:
+                    dropped = True
+                else:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+        if dropped:
+            write_text_atomic(self.path, "".join(keep))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero:

@@ -7,8 +7,8 @@ The launcher's shell variables (and the environment) override the presets of
    ``DRY_RUN=1`` prints it, the last line being the configuration as one JSON object;
 2. refuse to start a hub model without CUDA (a tiny local model may run on CPU);
 3. train with :class:`tarpo.trainer.TarpoTrainer` into the run folder (``launch_config.json``,
-   ``metrics.jsonl``, checkpoints, ``adapter/`` with the router), resuming from the last
-   checkpoint there if any;
+   ``metrics.jsonl``, checkpoints, ``adapter/`` with the router), resuming from the newest
+   complete checkpoint there if any (:mod:`tarpo.checkpoints`); a finished run is a no-op;
 4. with ``EVAL=1``, evaluate the trained system on the data set's benchmarks with
    ``tarpo eval`` into ``<run>/eval``.
 """
@@ -90,9 +90,8 @@ def print_config(cfg: dict) -> None:
 
 def train(cfg: dict) -> str:
     """Train into ``cfg['run_dir']``; returns the saved adapter folder."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     from .callbacks import JsonlLogger
+    from .checkpoints import DiskFull, finished_step, last_complete_checkpoint, remove_partial_saves, save_final
     from .config import TarpoConfig
     from .graders import reward_function
     from .modeling import load_tokenizer, training_policy
@@ -102,6 +101,12 @@ def train(cfg: dict) -> str:
 
     run_dir = cfg["run_dir"]
     args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
+    adapter, gate = os.path.join(run_dir, "adapter"), args.routing == "hrpo"
+    done = finished_step(run_dir, args.max_steps, args.num_train_epochs, gate=gate)
+    if done is not None:  # a re-run of a finished run: nothing is loaded, trained or written
+        print(f"run already finished at step {done}; nothing to do ({adapter} is its adapter; raise MAX_STEPS "
+              "to train further, or set another RUN_NAME/OUT_DIR for a new run)")
+        return adapter
     dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
     tokenizer = load_tokenizer(cfg["model"])
     count_too_long(tokenizer, dataset["prompt"], args.max_prompt_length)  # a prompt that cannot fit: refused now
@@ -111,10 +116,16 @@ def train(cfg: dict) -> str:
     trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
                            processing_class=tokenizer,
                            callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
-    last = get_last_checkpoint(run_dir) if os.path.isdir(run_dir) else None
-    trainer.train(resume_from_checkpoint=last)
-    adapter = os.path.join(run_dir, "adapter")
-    trainer.save_model(adapter)
+    for name in remove_partial_saves(run_dir):
+        print(f"removed {name}: a save that a kill or a full disk interrupted")
+    last = last_complete_checkpoint(run_dir, gate=gate)  # the newest complete one; says which it skips
+    if last is not None:
+        print(f"resuming from {last}")
+    try:
+        trainer.train(resume_from_checkpoint=last)  # from a checkpoint at the last step: trains nothing
+        save_final(trainer, adapter)  # adapter/ appears complete, with final_state.json
+    except DiskFull as exc:
+        raise SystemExit(f"tarpo launch: error: {exc}") from None
     return adapter
 
 

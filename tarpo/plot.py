@@ -18,14 +18,24 @@ PANELS = [("entropy", "training entropy (nats)"), ("completions/mean_units", "tr
 
 
 def read_log(path: str) -> list[dict]:
-    """Training log records (those with a reward) of a run folder or metrics.jsonl file."""
+    """Training log records (those with a reward) of a run folder or metrics.jsonl file, one per
+    step in step order: of a step logged more than once (a resumed run trains the steps after its
+    checkpoint again; logs written before issue #12 keep both), the latest. A line that is not a
+    JSON record (cut by a kill) is skipped."""
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no metrics log (metrics.jsonl) there")
+    latest = {}
     with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rows = [r for r in rows if "reward" in r]
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "reward" in record and "step" in record:
+                latest[record["step"]] = record
+    rows = [latest[step] for step in sorted(latest)]
     if not rows:
         raise ValueError(f"{path}: no training steps logged")
     return rows

@@ -18,7 +18,11 @@ What is overridden, and why:
   see ``TarpoConfig.optim``); under an 8-bit optimizer the router and the gate keep fp32
   state (:func:`keep_fp32_state`).
 - ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
-  frozen reference router, and HRPO's gate) are saved beside the adapter and restored.
+  frozen reference router, and HRPO's gate) are saved beside the adapter and restored; a
+  checkpoint is written whole into a temporary folder and renamed into place, and a full disk
+  raises :class:`tarpo.checkpoints.DiskFull` (:mod:`tarpo.checkpoints`).
+- ``train``: ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint; resuming
+  from one at the last step loads it and trains nothing (the Trainer would train one more step).
 
 The router (and the gate) are registered as submodules of the PEFT model's base model, so
 the Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones.
@@ -30,12 +34,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import torch
 from peft import LoraConfig, PeftModel
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers import TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
 from trl.models.utils import disable_gradient_checkpointing
 
+from . import checkpoints
 from .backbone import Backbone, unwrap
 from .hooks import make_backbone
 from .config import TarpoConfig
@@ -130,9 +138,12 @@ class TarpoTrainer(GRPOTrainer):
                       if args.routing == "soft_tokens" else None)
         check_overrides(self, TarpoTrainer)
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
         check_overrides(self, TarpoTrainer)  # again: something may have patched the instance since __init__
-        return super().train(*args, **kwargs)
+        resume_from_checkpoint = self._resume_point(resume_from_checkpoint)
+        if resume_from_checkpoint is not None and self._at_the_end(resume_from_checkpoint):
+            return self._end_at(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's contract, stated here so that no rewrite of the base class can bypass ``_compute_loss``."""
@@ -227,6 +238,9 @@ class TarpoTrainer(GRPOTrainer):
         metrics["frac_reward_zero_std"].append((grouped.max(1).values == grouped.min(1).values).float().mean().item())
         for i, name in enumerate(self.reward_func_names):
             metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
+            if hasattr(self.reward_funcs[i], "timeouts"):  # answers that hit the grader's timeout (scored 0)
+                timeouts = torch.tensor([float(self.reward_funcs[i].timeouts)], device=rewards.device)
+                metrics[f"rewards/{name}/timeouts"].append(gather(timeouts).sum().item())
         metrics["entropy"].append((entropy / units.sum().clamp(min=1)).item())
         metrics["completions/mean_units"].append(units.mean().item())
         metrics["completions/mean_hard_tokens"].append(hard.mean().item())
@@ -267,6 +281,8 @@ class TarpoTrainer(GRPOTrainer):
         return loss / self.current_gradient_accumulation_steps
 
     # ------------------------------------------------------------------ checkpoints
+    # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.checkpoints):
+    # a kill or a full disk during a save never leaves a checkpoint-N that a re-run would pick.
     def _save_router(self, directory: str) -> None:
         if self.args.should_save:
             self.router.save(directory)
@@ -274,10 +290,49 @@ class TarpoTrainer(GRPOTrainer):
             if self.gate is not None:
                 self.gate.save(directory)
 
+    def _get_output_dir(self, trial):
+        """The run folder; while a checkpoint is being saved, the temporary folder that the Trainer's
+        own save sequence (and TRL's) writes ``checkpoint-N`` into."""
+        staging = getattr(self, "_checkpoint_staging", None)
+        return staging if staging is not None else super()._get_output_dir(trial=trial)
+
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        self._save_router(os.path.join(self._get_output_dir(trial=trial), folder))
+        run_dir = super()._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = checkpoints.staging_folder(run_dir, name)
+        staged, main = os.path.join(staging, name), self.args.should_save
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)  # what a killed save of this step left
+        self.accelerator.wait_for_everyone()
+        self._checkpoint_staging = staging
+        try:
+            # the Trainer's sequence into the temporary folder: adapter, optimizer, scheduler, RNG state,
+            # trainer_state.json (its rotation sees only this checkpoint there); then the router and the rest
+            super()._save_checkpoint(model, trial)
+            self._save_router(staged)
+            best = self.state.best_model_checkpoint
+            if best is not None and os.path.abspath(best).startswith(os.path.abspath(staging) + os.sep):
+                self.state.best_model_checkpoint = os.path.join(run_dir, name)
+                if main:
+                    self.state.save_to_json(os.path.join(staged, TRAINER_STATE_NAME))
+            self.accelerator.wait_for_everyone()  # every process's files (rng_state_<rank>.pth) are written
+            if main:
+                checkpoints.write_manifest(staged)
+        except Exception as exc:
+            full = checkpoints.is_disk_full(exc, run_dir)
+            if main:
+                shutil.rmtree(staging, ignore_errors=True)
+            if full:
+                raise checkpoints.DiskFull(name, run_dir, exc) from exc
+            raise
+        finally:
+            self._checkpoint_staging = None
+        if main:
+            checkpoints.publish(staged, os.path.join(run_dir, name))
+            shutil.rmtree(staging, ignore_errors=True)
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
 
     def save_model(self, output_dir=None, _internal_call=False):
         super().save_model(output_dir, _internal_call)
@@ -293,3 +348,37 @@ class TarpoTrainer(GRPOTrainer):
         self.ref_router.requires_grad_(False)
         if self.gate is not None:
             self.gate.load_state_dict(HrpoGate.load(resume_from_checkpoint).state_dict())
+
+    def _resume_point(self, resume_from_checkpoint):
+        """``True``: the newest *complete* checkpoint of the output folder (the incomplete ones named);
+        a folder: checked complete. Returns the folder to resume from, or None."""
+        if isinstance(resume_from_checkpoint, bool):
+            if not resume_from_checkpoint:
+                return None
+            resume_from_checkpoint = checkpoints.last_complete_checkpoint(
+                self.args.output_dir, gate=self.gate is not None, report=logger.warning)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No complete checkpoint found in output directory ({self.args.output_dir})")
+            return resume_from_checkpoint
+        if resume_from_checkpoint is not None:
+            missing = checkpoints.missing_files(resume_from_checkpoint, gate=self.gate is not None)
+            if missing:
+                raise ValueError(f"{resume_from_checkpoint} is incomplete (missing {', '.join(missing)}): resume from "
+                                 "a complete checkpoint (tarpo.checkpoints.last_complete_checkpoint)")
+        return resume_from_checkpoint
+
+    def _at_the_end(self, checkpoint) -> bool:
+        """Whether ``checkpoint`` is at the last step of this training (the Trainer would still train
+        one more step from it)."""
+        step = checkpoints.read_state(checkpoint)["global_step"]
+        if self.args.max_steps > 0:
+            return step >= self.args.max_steps
+        return step >= self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+
+    def _end_at(self, checkpoint):
+        """Training ended at ``checkpoint`` (a kill came after its save, before the final one): load it and
+        train nothing."""
+        logger.warning(f"{checkpoint} is at the last step of training: loading it, nothing left to train")
+        self._load_from_checkpoint(checkpoint)
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+        return TrainOutput(self.state.global_step, 0.0, {})
