@@ -27,6 +27,10 @@ from .tasks import answer_tag, get_task
 from .workers import shared_pool
 
 DEFAULT_TIMEOUT = 10.0  # seconds per math answer / per HumanEval program
+# The training reward's math timeout: an answer built to stall math-verify (a tower of powers,
+# 100000!) costs ~5 s per sample; in RL a policy that found such answers would stall every step.
+# They score 0 and are counted (``timeouts`` of the reward function, logged per step).
+REWARD_MATH_TIMEOUT = 2.0
 DEFAULT_WORKERS = 2
 
 
@@ -81,8 +85,8 @@ def _humaneval(codes, examples, workers, timeout):
     def one(code, ex):
         if not code:
             return Grade(0.0, code)
-        program = sandbox.humaneval_program(ex["code_prompt"], code, ex["test"], ex["entry_point"])
-        result = sandbox.run_python(program, timeout=timeout)
+        # A pass needs the tests' own completion token, not just exit status 0 (docs/humaneval-sandbox.md).
+        result = sandbox.run_humaneval(ex["code_prompt"], code, ex["test"], ex["entry_point"], timeout=timeout)
         return Grade(float(result.passed), code, result.status == "timeout",
                      None if result.status in ("passed", "failed", "timeout") else result.stderr[-300:])
     with ThreadPoolExecutor(max(1, workers)) as ex:
@@ -144,19 +148,27 @@ def canonical_answers(answers: list[str | None], task: str, workers: int = DEFAU
 
 
 def reward_function(task: str, grader: str | None = None, workers: int = DEFAULT_WORKERS,
-                    timeout: float = DEFAULT_TIMEOUT):
+                    timeout: float | None = None):
     """A TRL reward function: ``f(prompts, completions, **columns) -> list[float]``.
 
     It reads the example fields (``gold``, ``task``, and HumanEval's ``entry_point``, ``test``,
-    ``code_prompt``) from the data set's columns, which TRL passes through.
+    ``code_prompt``) from the data set's columns, which TRL passes through. ``timeout``: seconds
+    per answer, by default :data:`REWARD_MATH_TIMEOUT` for math-verify and
+    :data:`DEFAULT_TIMEOUT` otherwise; the function's ``timeouts`` attribute holds how many
+    answers of its last call timed out (scored 0).
     """
+    if timeout is None:
+        timeout = REWARD_MATH_TIMEOUT if (grader or get_task(task).grader) == "math_verify" else DEFAULT_TIMEOUT
+
     def correct(prompts, completions, **columns):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         keys = [k for k in ("gold", "task", "options", "entry_point", "test", "code_prompt") if k in columns]
         examples = [{k: columns[k][i] for k in keys} for i in range(len(texts))]
         for ex in examples:
             ex.setdefault("task", task)
-        return [g.score for g in grade_batch(texts, examples, grader, reward=True, workers=workers,
-                                             timeout=timeout)]
+        grades = grade_batch(texts, examples, grader, reward=True, workers=workers, timeout=timeout)
+        correct.timeouts = sum(g.timed_out for g in grades)
+        return [g.score for g in grades]
     correct.__name__ = f"correct_{task}"
+    correct.timeouts = 0
     return correct

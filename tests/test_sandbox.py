@@ -1,9 +1,12 @@
 """The sandbox really contains hostile programs (these tests run real subprocesses)."""
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -11,7 +14,7 @@ import uuid
 import pytest
 
 from tarpo import sandbox
-from tarpo.sandbox import humaneval_program, isolation, run_python
+from tarpo.sandbox import humaneval_source, isolation, run_humaneval, run_python
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 MARGIN = 5.0  # seconds allowed beyond the timeout for start-up and clean-up
@@ -71,12 +74,15 @@ def test_fresh_workdir_and_scrubbed_env():
 def test_humaneval_program():
     prompt = 'def add(a, b):\n    """Add."""\n'
     test = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
-    body = humaneval_program(prompt, "    return a + b\n", test, "add")
-    full = humaneval_program(prompt, "def add(a, b):\n    return a + b\n", test, "add")
-    wrong = humaneval_program(prompt, "    return a - b\n", test, "add")
-    assert body.startswith(prompt) and not full.startswith(prompt) and full.endswith("check(add)\n")
-    assert run_python(body).passed and run_python(full).passed
-    assert run_python(wrong).status == "failed"
+    assert humaneval_source(prompt, "    return a + b\n", "add").startswith(prompt)
+    assert humaneval_source(prompt, "def add(a, b):\n    return a + b\n", "add").startswith("def add")
+    body = run_humaneval(prompt, "    return a + b\n", test, "add")
+    full = run_humaneval(prompt, "def add(a, b):\n    return a + b\n", test, "add")
+    assert body.passed and full.passed, (body, full)
+    assert len(body.stdout.strip()) == 64 and body.stdout != full.stdout  # a fresh token per run
+    wrong = run_humaneval(prompt, "    return a - b\n", test, "add")
+    assert wrong.status == "failed" and "AssertionError" in wrong.stderr
+    assert run_humaneval(prompt, "    return a +\n", test, "add").status == "failed"  # a syntax error
 
 
 def test_fork_bomb(no_leftovers):
@@ -176,6 +182,72 @@ def test_no_network():
             server.accept()
     assert result.status == "failed"
     assert "OSError" in result.stderr or "Error" in result.stderr
+
+
+def test_filesystem_view_holds_only_what_python_needs(tmp_path):
+    """No project, no data sets, no home, no /run or /work: the system folders, the
+    interpreter's installation, the loader's configuration, a few devices and scratch space."""
+    if isolation() == "rlimits":
+        pytest.skip("the rlimits fallback sees the host's filesystem (documented)")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o644)
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    probes = [project, os.path.join(project, "tarpo", "sandbox.py"), str(secret), "/run", "/work", "/home", "/mnt",
+              "/opt", "/srv", "/var", "/sys", "/etc/passwd", "/etc/hostname"]
+    install = os.path.realpath(sys.base_prefix)
+    home = os.path.expanduser("~")  # it may hold the interpreter (pyenv): then only that path shows
+    probes += [home] if not install.startswith(home + "/") else [
+        os.path.join(home, name) for name in os.listdir(home) if not install.startswith(os.path.join(home, name) + "/")]
+    program = textwrap.dedent(f"""
+        import json, os, hashlib, math
+        print(json.dumps({{"root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc")),
+                          "dev": sorted(os.listdir("/dev")), "seen": [p for p in {probes!r} if os.path.lexists(p)]}}))
+    """)
+    result = run_python(program)
+    assert result.passed, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["seen"] == []
+    install_top = {os.path.realpath(sys.base_prefix).split("/")[1]}
+    assert set(seen["root"]) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "proc",
+                                 "tmp"} | install_top
+    assert set(seen["etc"]) <= {"ld.so.cache", "ld.so.conf", "ld.so.conf.d"}
+    assert set(seen["dev"]) <= {"null", "zero", "full", "random", "urandom", "fd", "stdin", "stdout", "stderr", "shm"}
+
+
+def test_no_host_unix_socket(tmp_path):
+    """A world-writable unix socket of the host (under /run, where one was reachable) is not."""
+    if isolation() == "rlimits":
+        pytest.skip("the rlimits fallback sees the host's filesystem (documented)")
+    folder = tempfile.mkdtemp(prefix="tarpo-test-", dir="/run" if os.access("/run", os.W_OK) else tmp_path)
+    path = os.path.join(folder, "s.sock")
+    try:
+        os.chmod(folder, 0o777)
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(path)
+            os.chmod(path, 0o777)
+            server.listen(1)
+            server.settimeout(1.0)
+            program = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({path!r})\ns.sendall(b'hi')"
+            result = run_python(program, timeout=5)
+            with pytest.raises(socket.timeout):
+                server.accept()
+        assert result.status == "failed" and "FileNotFoundError" in result.stderr, result.stderr
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_screen():
+    screened = ["import os\nos._exit(0)", "raise SystemExit(0)", "import sys\nsys.exit(0)", "exit(0)",
+                "import atexit", "import signal", "from threading import Thread", "import sys\nsys.excepthook = 1",
+                "import sys\nsys.setprofile(print)", "import sys\nsys.settrace(print)", "import builtins",
+                "__builtins__['abs'] = 1", "import sys\nsys._getframe(1).f_back", "open('/etc/passwd')",
+                "class A:\n    def __eq__(self, other):\n        return True", "import ctypes", "import gc"]
+    honest = ["import sys\nx = sys.maxsize", "open = 0\nopen += 1", "import math\nmath.isclose(1, 1)",
+              "eval('1 + 2')", "def f(x):\n    return sorted(set(x))", "def f(:"]
+    assert [code for code in screened if sandbox.screen(code) is None] == []
+    assert [(code, sandbox.screen(code)) for code in honest if sandbox.screen(code)] == []
 
 
 def test_unbounded_output():
