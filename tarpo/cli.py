@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 COMMANDS = {"grade": "tarpo.grade", "eval": "tarpo.eval", "table": "tarpo.tables", "plot": "tarpo.plot",
             "case": "tarpo.case"}
@@ -29,11 +31,18 @@ def main(argv: list[str] | None = None) -> int:
                                             description=module.__doc__,
                                             formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # `kill` becomes a normal exit: grading pools close, multiprocessing's temp folder goes
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return importlib.import_module(COMMANDS[args.command]).run(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"tarpo {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

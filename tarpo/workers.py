@@ -8,6 +8,8 @@ workers; one hung answer costs at most ``timeout`` seconds and never blocks the 
 
 Workers are forked from a forkserver that preloads the grading modules, so a
 replacement starts in milliseconds and never inherits the trainer's threads or CUDA state.
+When the grading process dies, however it dies, the forkserver and its workers end within
+a fraction of a second (:mod:`tarpo.forkserver_guard`).
 
     >>> with WorkerPool(workers=2, timeout=5) as pool:
     ...     [r.value for r in pool.map(abs, [(-1,), (2,)])]
@@ -18,12 +20,14 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
+import os
+import signal
 import time
 from collections import deque
 from multiprocessing.connection import wait
 from typing import Any, Callable, NamedTuple
 
-PRELOAD = ["tarpo.math_grading"]
+PRELOAD = ["tarpo.math_grading", "tarpo.forkserver_guard"]
 STARTUP_TIMEOUT = 300.0  # seconds a new worker may take to import before its first job
 MAIN_MODULE_HINT = (
     "grading workers die as soon as they start. If this runs from a script, put its top-level code under "
@@ -37,7 +41,20 @@ class JobResult(NamedTuple):
     error: str | None = None
 
 
+def _die_with_forkserver() -> None:
+    """Linux: SIGKILL this worker when its parent, the forkserver, exits (which it does when the
+    grading process is gone: :mod:`tarpo.forkserver_guard`)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the forkserver was gone before the call
+        os._exit(1)
+
+
 def _serve(conn) -> None:
+    _die_with_forkserver()
     conn.send("ready")  # imports are done: a job's timeout counts from here, not from process start
     while True:
         try:

@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -134,3 +135,54 @@ def test_all_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
     assert score("```python\nx=1\n```\n" + right[0], ds[0], reward=True) == 0.0
     assert score("```python\nx=1\n```\n" + right[0], ds[0]) == 1.0  # scoring: the last block counts
     print(f"164 HumanEval programs in {time.monotonic() - start:.1f}s")
+
+
+def test_the_training_reward_gives_up_on_a_stalling_answer_sooner_and_counts_it():
+    fn = reward_function("gsm8k", grader="math_verify")
+    start = time.monotonic()
+    rewards = fn(prompts=[None] * 2, completions=["#### 10^{10^{10^{10}}}", "#### 7"], gold=["7", "7"], task=["gsm8k"] * 2)
+    elapsed = time.monotonic() - start
+    assert rewards == [0.0, 1.0] and fn.timeouts == 1
+    assert elapsed < 2.0 + 1.5, f"{elapsed:.1f} s"
+
+
+def _marked_processes(marker):
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_grade_leaves_no_workers_behind(tmp_path, sig):
+    """Grading workers busy on slow answers die with the process; after `kill` (SIGTERM) the
+    multiprocessing temp folder goes too (after SIGKILL Python 3.11's forkserver socket file stays)."""
+    import uuid
+    rows = [{"completion": "#### 10^{10^{10^{10}}}", "gold": "7"}] * 8
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    marker = f"TARPO_KILL_TEST={uuid.uuid4().hex}"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), **dict([marker.split("=")]))
+    proc = subprocess.Popen([sys.executable, "-m", "tarpo.cli", "grade", "--task", "gsm8k", "--grader", "math_verify", str(src), "--out",
+                             str(tmp_path / "out.jsonl"), "--workers", "2", "--timeout", "30"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(_marked_processes(marker)) < 4 and time.monotonic() < deadline:  # main, forkserver, 2 workers
+        time.sleep(0.2)
+    assert len(_marked_processes(marker)) >= 4
+    time.sleep(1.0)  # the workers are inside math-verify (each answer takes ~5 s)
+    proc.send_signal(sig)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 3.0  # before the fix: until each busy worker's ~5 s answer was done
+    while _marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _marked_processes(marker) == []
+    if sig == signal.SIGTERM:
+        assert list(tmp.iterdir()) == []
