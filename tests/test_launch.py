@@ -107,6 +107,8 @@ def test_gsm8k_launcher_end_to_end_with_a_tiny_model_then_plot_and_case(tmp_path
     assert run.name == "gsm8k-tiny-tarpo-g4-bs8-lr5e-06-beta0.005-b00-s0"
     assert json.loads((run / "launch_config.json").read_text())["trainer"]["max_steps"] == 2
     assert (run / "adapter" / "adapter_config.json").exists() and (run / "adapter" / "router.safetensors").exists()
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(s.get("rewards/correct_gsm8k/timeouts") == 0 for s in steps if "loss" in s)  # counted, none here
     results = json.loads((run / "eval" / "gsm8k.results.json").read_text())
     assert results["system"] == "TARPO" and results["metrics"]["questions"] == 3 and results["n"] == 2
 
