@@ -156,3 +156,23 @@ def test_launcher_refuses_a_prompt_that_cannot_fit_before_loading_the_model(monk
                              MAX_PROMPT_LENGTH="32", BF16="0")
     assert code == 2 and "prompt of row 0: even with an empty last user turn" in err, err
     assert loads == [] and not (tmp_path / "runs").exists()
+
+
+def test_eval_refuses_a_read_only_out_before_loading(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    write_jsonl(data / "test.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    if os.geteuid() == 0:  # root writes into a 0555 folder: stand in for a read-only file system
+        import tempfile
+
+        def refuse(*a, **k):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    args = ["eval", "--model", "/no/such/model", "--tasks", "gsm8k", "--data-dir", str(tmp_path / "data"),
+            "--mode", "cot", "--n", "1", "--out", str(out)]
+    assert cli(args) == 2
+    assert f"--out {out}: not writable (Permission denied)" in capsys.readouterr().err
+    assert list(out.iterdir()) == []
