@@ -1,4 +1,5 @@
-"""Evaluation metrics of DESIGN §7 as pure functions.
+"""Evaluation metrics as pure functions: pass@k, maj@k, and the SD and 95% CI of question-level
+accuracy (the paper's metrics: Section 4, Metrics, and Appendix C, Additional Experimental Statistics).
 
     >>> pass_at_k(32, 0, 8), pass_at_k(32, 32, 8), round(pass_at_k(32, 1, 8), 4)
     (0.0, 1.0, 0.25)
@@ -44,9 +45,25 @@ def majority_vote(canonical: list[str], correct: list[bool]) -> bool:
     return correct[canonical.index(winner)]
 
 
+def ci95_half_width(sd: float, n: int) -> float:
+    """Half-width 1.96 SD / sqrt(n) of the 95% normal-approximation CI of a mean over n questions."""
+    return 1.96 * sd / math.sqrt(n)
+
+
+def ci95(mean: float, sd: float, n: int) -> tuple[float, float]:
+    """The 95% normal-approximation CI ``(low, high)`` of a mean over n questions.
+
+    >>> low, high = ci95(0.6089, 0.344, 1319)  # Qwen2.5-1.5B CoT on GSM8K: the paper's [59.03, 62.74]
+    >>> round(100 * low, 2), round(100 * high, 2)
+    (59.03, 62.75)
+    """
+    half = ci95_half_width(sd, n)
+    return mean - half, mean + half
+
+
 def mean_sd_ci(values: list[float]) -> tuple[float, float, float]:
     """Mean, sample SD (n-1) and the 95% normal-approximation CI half-width 1.96 SD / sqrt(n)."""
     n = len(values)
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, sd, 1.96 * sd / math.sqrt(n)
+    return mean, sd, ci95_half_width(sd, n)

@@ -1,15 +1,26 @@
-"""``tarpo table``: the paper's tables from a folder of ``tarpo eval`` results, ours beside the paper's.
+"""``tarpo table``: the paper's result tables from a folder of ``tarpo eval`` results, ours beside the paper's.
 
-    tarpo table runs/ --tables 1,4 --out runs/tables
+    tarpo table runs/ --tables 1,4,12 --out runs/tables
+    tarpo table --paper                 # the published tables alone
+    tarpo table --paper --json          # every published cell as one JSON list
 
-Reads every ``*.results.json`` under the folder (recursively), places each by its
-``system`` (``tarpo eval --system``), ``model_name`` and ``task`` into the layouts of
-``resources/paper_tables.json`` (Tables 1-8), and prints Markdown; ``--out`` also writes
-``tables.md`` and ``tables.tex``. Each cell reads ``ours / paper (ours - paper)`` in percent
-(``#Tok``: mean units); a missing value is ``–``. A MATH500 column takes a ``math500``
-results file, or else the MATH-500 subset of the ``math`` run. ``Avg`` averages the row's
-columns when all are present. Models that no table names (e.g. a tiny local model) appear
-in the tables marked ``extra_models``; systems not in a table's list are appended as rows.
+Reads every ``*.results.json`` under the folder (recursively) and places each by its
+``system`` (``tarpo eval --system``), ``model_name`` and ``task`` into the paper's own
+layouts (:mod:`tarpo.paper`: Tables 1-5 and 8-14, their columns, model sections and row
+names), then prints Markdown; ``--out`` also writes ``tables.md`` and ``tables.tex``.
+Each cell reads ``ours / paper (ours - paper)``; a missing value is ``–``. Accuracies are
+in percent, SD a fraction, #Tok mean generated units (hard + soft), a CI ``[low, high]``.
+
+Where our numbers come from: P@k and M@k are ``pass@k``/``maj@k`` of a results file (so
+P@32 and M@32 need ``--n 32``); SD is ``accuracy_sd``; the CI is ``accuracy_mean`` ±
+``accuracy_ci95``; #Tok is ``units``; Greedy (Table 3) is ``pass@1`` of a ``--mode greedy``
+run given the row's ``--system`` (greedy and sampled runs of one system sit side by side).
+A MATH500 column takes a ``math500`` results file, or else the MATH-500 subset of the
+``math`` run. Average columns average the row's benchmarks when all are present. The
+ablation rows are the systems ``GRPO w/ Pure Latent`` and ``GRPO w/ Entropy Routing``;
+the bias/Act-KL rows of Tables 8-10 are ``TARPO b0=[4.6, 0] w/ Act-KL`` and the like.
+Models no table names (e.g. a tiny local model) get sections of their own; systems no
+table names are appended to their model's section.
 """
 
 from __future__ import annotations
@@ -18,19 +29,17 @@ import argparse
 import glob
 import json
 import os
-from importlib import resources
 
+from . import paper
 from .files import write_text_atomic
 
 DASH = "–"
+SUBSET_OF = {"math500": "math"}  # a math run reports its MATH-500 subset (tarpo eval)
 
 
-def paper_tables() -> dict:
-    return json.loads(resources.files("tarpo").joinpath("resources/paper_tables.json").read_text())
-
-
-def load_results(folder: str) -> dict[tuple[str, str, str], dict]:
-    """``{(system, model_name, task): results}``; a duplicate key is an error naming both files."""
+def load_results(folder: str) -> dict[tuple[str, str, str, str], dict]:
+    """``{(system, model_name, task, kind): results}``, kind ``greedy`` for ``--mode greedy`` runs
+    and ``sampled`` otherwise; a duplicate key is an error naming both files."""
     if not os.path.isdir(folder):
         raise ValueError(f"{folder}: no such folder")
     found, where = {}, {}
@@ -38,7 +47,7 @@ def load_results(folder: str) -> dict[tuple[str, str, str], dict]:
         with open(path) as f:
             res = json.load(f)
         try:
-            key = (res["system"], res["model_name"], res["task"])
+            key = (res["system"], res["model_name"], res["task"], "greedy" if res.get("mode") == "greedy" else "sampled")
         except KeyError as exc:
             raise ValueError(f"{path}: not a tarpo eval results file (no {exc.args[0]!r})") from None
         if key in found:
@@ -47,112 +56,246 @@ def load_results(folder: str) -> dict[tuple[str, str, str], dict]:
     return found
 
 
-def _value(results, system, model, column) -> tuple[float | None, float | None]:
-    """(value, ci half-width) of one plain column, as displayed (percent unless units)."""
-    res = results.get((system, model, column["task"]))
-    metrics = res["metrics"] if res else None
-    if metrics is None and column.get("subset_of"):
-        parent = results.get((system, model, column["subset_of"]))
-        sub = parent and parent.get("subsets", {}).get(column["task"])
-        metrics = sub if sub and "pass@1" in sub else None
-    if metrics is None or column["metric"] not in metrics:
-        return None, None
-    scale = 1.0 if column["metric"] == "units" else 100.0
-    return metrics[column["metric"]] * scale, metrics.get("accuracy_ci95", 0.0) * scale
+def _metrics(results, system, model, task, kind) -> dict | None:
+    res = results.get((system, model, task, kind))
+    if res is not None:
+        return res["metrics"]
+    parent = results.get((system, model, SUBSET_OF.get(task), kind))
+    sub = parent and parent.get("subsets", {}).get(task)
+    return sub if sub and "pass@1" in sub else None
 
 
-def row_values(results, system, model, columns) -> dict[str, tuple[float | None, float | None]]:
+def our_value(results, system, model, task, metric) -> float | None:
+    """One of our numbers in the paper's units (see the module doc), or None."""
+    m = _metrics(results, system, model, task, "greedy" if metric == "greedy" else "sampled")
+    if m is None:
+        return None
+    if metric == "greedy":
+        metric = "pass@1"
+    if metric.startswith(("pass@", "maj@")):
+        return 100 * m[metric] if metric in m else None
+    if metric == "sd":
+        return m.get("accuracy_sd")
+    if metric == "tokens":
+        return m.get("units")
+    if metric in ("ci_low", "ci_high") and "accuracy_mean" in m and "accuracy_ci95" in m:
+        return 100 * (m["accuracy_mean"] + (1 if metric == "ci_high" else -1) * m["accuracy_ci95"])
+    return None
+
+
+def _expand(metric: str) -> tuple[str, ...]:
+    return ("ci_low", "ci_high") if metric == "ci" else (metric,)
+
+
+def row_values(results, system, model, groups) -> dict[tuple[str, str], float | None]:
+    """``{(benchmark, metric): ours}`` for every cell of a row; ``average`` when all its parts exist."""
     out = {}
-    for col in columns:
-        if "average_of" in col:
-            metric = col.get("metric", "pass@1")
-            parts = [_value(results, system, model, {**c, "metric": metric})[0]
-                     for c in columns if c["label"] in col["average_of"]]
-            out[col["label"]] = (sum(parts) / len(parts) if parts and None not in parts else None, None)
-        else:
-            out[col["label"]] = _value(results, system, model, col)
+    plain = [g["benchmark"] for g in groups if g["benchmark"] != "average"]
+    for g in groups:
+        for col in g["columns"]:
+            for metric in _expand(col["metric"]):
+                if g["benchmark"] == "average":
+                    parts = [our_value(results, system, model, b, metric) for b in plain]
+                    out["average", metric] = sum(parts) / len(parts) if None not in parts else None
+                else:
+                    out[g["benchmark"], metric] = our_value(results, system, model, g["benchmark"], metric)
     return out
 
 
-def _fmt(x: float | None) -> str:
-    return DASH if x is None else f"{x:.2f}"
+def _num(x: float | None, metric: str) -> str:
+    return DASH if x is None else f"{x:.{paper.DECIMALS.get(metric, 2)}f}"
 
 
-def cell(ours: float | None, paper: float | None, ci: float | None = None) -> str:
-    """``ours / paper (diff)``; ``ours ± ci`` when a CI is shown.
+def cell(ours, published, metric: str, paper_only: bool = False) -> str:
+    """``ours / paper (ours - paper)``; for a CI (``metric`` ``ci``) each side is a ``(low, high)`` pair.
 
-    >>> cell(42.1, 42.36), cell(None, 31.45), cell(50.0, None), cell(None, None), cell(50.0, None, 1.234)
-    ('42.10 / 42.36 (-0.26)', '– / 31.45', '50.00 / –', '–', '50.00 ± 1.23 / –')
+    >>> cell(42.1, 42.36, "pass@1"), cell(None, 31.45, "pass@1"), cell(50.0, None, "pass@1"), cell(None, None, "sd")
+    ('42.10 / 42.36 (-0.26)', '– / 31.45', '50.00 / –', '–')
+    >>> cell(0.3, 0.344, "sd"), cell((59.1, 62.8), (59.03, 62.74), "ci"), cell(None, 31.45, "pass@1", paper_only=True)
+    ('0.300 / 0.344 (-0.044)', '[59.10, 62.80] / [59.03, 62.74] (+0.07, +0.06)', '31.45')
     """
-    if ours is None and paper is None:
+    names = _expand(metric)
+    mine, theirs = (ours, published) if metric == "ci" else ((ours,), (published,))
+    p_text = _side(theirs, names, paper.fmt)
+    if paper_only:
+        return p_text or DASH
+    o_text = _side(mine, names, _num)
+    if o_text is None and p_text is None:
         return DASH
-    mine = _fmt(ours) if ci is None or ours is None else f"{ours:.2f} ± {ci:.2f}"
-    text = f"{mine} / {_fmt(paper)}"
-    return text + (f" ({ours - paper:+.2f})" if ours is not None and paper is not None else "")
+    text = f"{o_text or DASH} / {p_text or DASH}"
+    if None not in mine + theirs:
+        diffs = ", ".join(f"{o - p:+.{paper.DECIMALS.get(n, 2)}f}" for o, p, n in zip(mine, theirs, names))
+        text += f" ({diffs})"
+    return text
 
 
-def build(number: str, results: dict, spec: dict | None = None) -> tuple[str, list[str], list[list[str]]]:
-    """(title, header, rows of cells) of paper table ``number``."""
-    spec = spec or paper_tables()
-    table = spec["tables"][number]
-    declared = {m for t in spec["tables"].values() for m in t["models"]}
-    models = list(table["models"])
-    if table.get("extra_models"):
-        models += sorted({m for _, m, _ in results} - declared)
-    published = {(p["model"], p["system"], p["column"]): p["value"] for p in spec["published"] if p["table"] == number}
-    header = ["Model", "System"] + [c["label"] for c in table["columns"]]
-    rows = []
-    for model in models:
-        systems = list(table["systems"]) + sorted({s for s, m, _ in results if m == model} - set(table["systems"]))
+def _side(values: tuple, names: tuple, render) -> str | None:
+    """One side of a cell: a value, or ``[low, high]`` for a CI; None when nothing is there."""
+    if all(v is None for v in values):
+        return None
+    text = ", ".join(DASH if v is None else render(v, n) for v, n in zip(values, names))
+    return f"[{text}]" if len(names) > 1 else text
+
+
+def _columns(table) -> list[tuple[str, str]]:
+    return [(g["benchmark"], c["metric"]) for g in table["groups"] for c in g["columns"]]
+
+
+def build(number, results: dict | None, spec: dict | None = None) -> dict:
+    """Paper table ``number`` filled from ``results`` (None: the published values alone):
+    ``{number, title, notes, row_headers, headers: [(group label, [sub-headers])], sectioned,
+    sections: [{model, rows: [{label, indent, rule_before, cells}]}]}``."""
+    spec = spec or paper.paper_tables()
+    table = spec["tables"][str(number)]
+    published = {(c["model"], c["system"], c["benchmark"], c["metric"]): c["value"]
+                 for c in spec["published"] if c["table"] == int(number)}
+    declared_models = {s["model"] for t in spec["tables"].values() for s in t["sections"]}
+    declared_systems = {r["system"] for t in spec["tables"].values() for s in t["sections"] for r in s["rows"]}
+    paper_only, results = results is None, results or {}
+    pad = [""] * (len(table["row_headers"]) - 1)
+
+    def make_row(model, row):
+        values = row_values(results, row["system"], model, table["groups"])
+        cells = []
+        for bench, metric in _columns(table):
+            ours = tuple(values[bench, n] for n in _expand(metric))
+            theirs = tuple(published.get((model, row["system"], bench, n)) for n in _expand(metric))
+            if metric != "ci":
+                (ours,), (theirs,) = ours, theirs
+            cells.append(cell(ours, theirs, metric, paper_only))
+        has_ours = any(v is not None for v in values.values())
+        return {"label": row["label"], "indent": bool(row.get("indent")), "rule_before": bool(row.get("rule_before")),
+                "cells": cells}, has_ours
+
+    def extra_rows(model, systems):
+        rows = []
         for system in systems:
-            values = row_values(results, system, model, table["columns"])
-            cells = [cell(values[c["label"]][0], published.get((model, system, c["label"])),
-                          values[c["label"]][1] if c.get("ci") else None) for c in table["columns"]]
-            if system in table["systems"] or any(c != DASH for c in cells):
-                rows.append([model, system] + cells)
-    return table["title"], header, rows
+            row, has_ours = make_row(model, {"system": system, "label": [system] + pad})
+            if has_ours:
+                rows.append(row)
+        return rows
+
+    sections = []
+    for sec in table["sections"]:
+        ours_here = sorted({k[0] for k in results if k[1] == sec["model"]} - declared_systems)
+        rows = [make_row(sec["model"], r)[0] for r in sec["rows"]]
+        sections.append({"model": sec["model"], "rows": rows + extra_rows(sec["model"], ours_here)})
+    table_systems = list(dict.fromkeys(r["system"] for s in table["sections"] for r in s["rows"]))
+    for model in sorted({k[1] for k in results} - declared_models):
+        ours_here = sorted({k[0] for k in results if k[1] == model} - declared_systems)
+        rows = extra_rows(model, table_systems + ours_here)
+        if rows:
+            sections.append({"model": model, "rows": rows})
+    return {"number": int(number), "title": table["title"], "notes": table["notes"], "paper_only": paper_only,
+            "row_headers": table["row_headers"], "sectioned": table["sectioned"] or len(sections) > len(table["sections"]),
+            "headers": [(g["label"], [c["header"] for c in g["columns"]]) for g in table["groups"]],
+            "sections": sections}
 
 
-def markdown(title: str, header: list[str], rows: list[list[str]]) -> str:
-    lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows] or [f"| {DASH} |"]
-    return "\n".join(lines) + "\n\n_Cells: ours / paper (ours - paper); – = no value._\n"
+def _flat_headers(t) -> list[str]:
+    return t["row_headers"] + [f"{label} {h}".strip() for label, subs in t["headers"] for h in subs]
 
 
-_TEX = {"&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "±": r"$\pm$", DASH: "--", "$": r"\$"}
+def _legend(t) -> str:
+    return "Published values." if t["paper_only"] else "Cells: ours / paper (ours - paper); – = no value."
+
+
+def markdown(t: dict) -> str:
+    header = _flat_headers(t)
+    lines = [f"### {t['title']}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for sec in t["sections"]:
+        if t["sectioned"]:
+            lines.append(f"| **{sec['model']}** |" + " |" * (len(header) - 1))
+        for row in sec["rows"]:
+            label = [("↳ " if row["indent"] else "") + row["label"][0]] + row["label"][1:]
+            lines.append("| " + " | ".join(label + row["cells"]) + " |")
+    notes = [_legend(t)] + t["notes"]
+    return "\n".join(lines) + "\n\n" + "\n".join(f"_{n}_" for n in notes) + "\n"
+
+
+_TEX = {"&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", DASH: "--", "$": r"\$", "✓": r"$\checkmark$",
+        "×": r"$\times$"}
 
 
 def _tex(s: str) -> str:
     return "".join(_TEX.get(ch, ch) for ch in s)
 
 
-def latex(title: str, header: list[str], rows: list[list[str]]) -> str:
-    lines = [r"\begin{table}[t]", r"\centering", r"\caption{" + _tex(title) + "}", r"\small",
-             r"\begin{tabular}{ll" + "c" * (len(header) - 2) + "}", r"\toprule",
-             " & ".join(_tex(h) for h in header) + r" \\", r"\midrule"]
-    lines += [" & ".join(_tex(c) for c in r) + r" \\" for r in rows]
-    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+def latex(t: dict) -> str:
+    """The table in the paper's LaTeX layout (needs booktabs, multirow and graphicx)."""
+    nrow = len(t["row_headers"])
+    ncols = nrow + sum(len(subs) for _, subs in t["headers"])
+    two_rows = any(h for _, subs in t["headers"] for h in subs)
+    spec = "l" * nrow + " " + " ".join("c" * len(subs) for _, subs in t["headers"])
+    lines = [r"\begin{table*}[t]", r"\centering", r"\small", r"\resizebox{\textwidth}{!}{",
+             r"\begin{tabular}{" + spec + "}", r"\toprule"]
+    if two_rows:
+        first = [r"\multirow{2}{*}{" + _tex(h) + "}" for h in t["row_headers"]]
+        first += [r"\multicolumn{" + str(len(subs)) + "}{c}{" + _tex(label) + "}" for label, subs in t["headers"]]
+        rules, start = [], nrow + 1
+        for _, subs in t["headers"]:
+            rules.append(rf"\cmidrule(lr){{{start}-{start + len(subs) - 1}}}")
+            start += len(subs)
+        lines += [" & ".join(first) + r" \\", " ".join(rules),
+                  " & ".join([""] * nrow + [_tex(h) for _, subs in t["headers"] for h in subs]) + r" \\"]
+    else:
+        lines.append(" & ".join(_tex(h) for h in t["row_headers"] + [label for label, _ in t["headers"]]) + r" \\")
+    lines.append(r"\midrule")
+    for sec in t["sections"]:
+        if t["sectioned"]:
+            lines += [r"\midrule", r"\multicolumn{" + str(ncols) + "}{c}{" + _tex(sec["model"]) + r"} \\", r"\midrule"]
+        for row in sec["rows"]:
+            if row["rule_before"]:
+                lines.append(r"\midrule")
+            label = [_tex(x) for x in row["label"]]
+            if row["indent"]:
+                label[0] = r"$\quad$ \textit{" + label[0] + "}"
+            lines.append(" & ".join(label + [_tex(c) for c in row["cells"]]) + r" \\")
+    caption = " ".join([t["title"].split(": ", 1)[1], _legend(t)] + t["notes"])
+    lines += [r"\bottomrule", r"\end{tabular}", "}", r"\caption{" + _tex(caption) + "}", r"\end{table*}"]
     return "\n".join(lines) + "\n"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results", help="folder searched recursively for *.results.json")
-    p.add_argument("--tables", default="1,2,3,4,5,6,7,8", help="comma-separated table numbers")
+    p.add_argument("results", nargs="?", help="folder searched recursively for *.results.json")
+    p.add_argument("--tables", help="comma-separated table numbers (default: all, 1-5 and 8-14)")
+    p.add_argument("--paper", action="store_true", help="the published tables alone, without results")
+    p.add_argument("--json", action="store_true", help="with --paper: print every published cell as one JSON list")
     p.add_argument("--out", help="folder for tables.md and tables.tex")
 
 
+def _numbers(arg: str | None, spec: dict) -> list[int]:
+    known = sorted(int(n) for n in spec["tables"])
+    if not arg:
+        return known
+    numbers = []
+    for text in (t.strip() for t in arg.split(",") if t.strip()):
+        if not text.isdigit() or int(text) not in known:
+            why = (f"Table {text} holds no results ({spec['not_results'][text]})" if text in spec["not_results"]
+                   else f"no table {text}")
+            raise ValueError(f"--tables: {why}; the paper's result tables are {', '.join(map(str, known))}")
+        numbers.append(int(text))
+    return numbers
+
+
 def run(args) -> int:
-    spec = paper_tables()
-    numbers = [t.strip() for t in args.tables.split(",") if t.strip()]
-    bad = [t for t in numbers if t not in spec["tables"]]
-    if bad:
-        raise ValueError(f"--tables: no table {', '.join(bad)}; the paper's tables are {', '.join(spec['tables'])}")
-    results = load_results(args.results)
+    spec = paper.paper_tables()
+    numbers = _numbers(args.tables, spec)
+    if args.json and not args.paper:
+        raise ValueError("--json prints the published cells: use it with --paper")
+    if args.paper and args.results:
+        raise ValueError("--paper shows the published tables alone: leave out the results folder")
+    if not args.paper and not args.results:
+        raise ValueError("give a folder of tarpo eval results, or --paper for the published tables")
+    if args.json:
+        print("[\n" + ",\n".join(json.dumps(c) for c in paper.published(numbers)) + "\n]")
+        return 0
+    results = None if args.paper else load_results(args.results)
     built = [build(n, results, spec) for n in numbers]
-    md = "\n".join(markdown(*b) for b in built)
+    md = "\n".join(markdown(t) for t in built)
     print(md)
     if args.out:
         write_text_atomic(os.path.join(args.out, "tables.md"), md)
-        write_text_atomic(os.path.join(args.out, "tables.tex"), "\n".join(latex(*b) for b in built))
+        write_text_atomic(os.path.join(args.out, "tables.tex"), "\n".join(latex(t) for t in built))
         print(f"wrote {os.path.join(args.out, 'tables.md')} and tables.tex")
     return 0
