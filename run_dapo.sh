@@ -16,19 +16,24 @@ GROUP_SIZE=${GROUP_SIZE:-}         # G
 BATCH=${BATCH:-}                   # completions per optimizer step
 LR=${LR:-}                         # LoRA learning rate
 ROUTER_LR=${ROUTER_LR:-}
-HRPO_LR=${HRPO_LR:-}               # ALGO=hrpo: the gate's learning rate
+HRPO_LR=${HRPO_LR:-}               # ALGO=hrpo: learning rate of the gate's W_r, W_i (HRPO's: 1e-4)
+HRPO_LAMBDA_LR=${HRPO_LAMBDA_LR:-} # ALGO=hrpo: learning rate of its Lambda (HRPO's: 1e-3)
+HRPO_MIXTURE=${HRPO_MIXTURE:-}     # ALGO=hrpo: full (HRPO's (p.E)/|p|, default) | top_k (top-k mixture scaled to |E(v)|)
 BETA=${BETA:-}                     # token KL weight
 ALPHA=${ALPHA:-}                   # action KL weight
 LAMBDA=${LAMBDA:-}                 # router policy-gradient weight
 ACTION_BIAS=${ACTION_BIAS:-}       # router bias b0, e.g. 2.2,0
 ACTION_TEMPERATURE=${ACTION_TEMPERATURE:-}
 TEMPERATURE=${TEMPERATURE:-}       # sampling temperature
+TOP_K=${TOP_K:-}                   # token filter, 0 = off (default; the authors' generate() used 50)
+TOP_P=${TOP_P:-}                   # token filter, 1 = off (default)
 SOFT_TOP_K=${SOFT_TOP_K:-}
 ENTROPY_THRESHOLD=${ENTROPY_THRESHOLD:-}  # ALGO=grpo_entropy
+ENTROPY_TEMPERATURE=${ENTROPY_TEMPERATURE:-}  # ALGO=grpo_entropy: entropy of softmax(z/this); default 1
 NOISE_SCALE=${NOISE_SCALE:-}       # ALGO=soft_tokens: noise std / rms(E)
 LORA_R=${LORA_R:-}
 LORA_ALPHA=${LORA_ALPHA:-}
-LORA_TARGETS=${LORA_TARGETS:-}     # e.g. q_proj,k_proj,v_proj,o_proj
+LORA_TARGETS=${LORA_TARGETS:-}     # paper (q,k,v,o; default) | all-linear (+ gate,up,down: the released scripts) | names
 MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-}
 MAX_COMPLETION_LENGTH=${MAX_COMPLETION_LENGTH:-}
 WEIGHT_DECAY=${WEIGHT_DECAY:-}

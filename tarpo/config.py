@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig
 
+from .latent import HRPO_MIXTURES
+
 ROUTING_MODES = ("learned", "hard", "soft", "entropy", "hrpo", "soft_tokens")
 LATENT_ROUTINGS = ("hrpo", "soft_tokens")  # baselines whose soft steps are not a plain mixture (DESIGN §3)
 TOKEN_KL_MODES = ("k3", "full")
@@ -29,6 +31,87 @@ def resolve_optimizer(name: str) -> str:
         if name.startswith("paged") and not torch.cuda.is_available():
             name = {"paged_adamw_8bit": "adamw_bnb_8bit", "paged_adamw_32bit": "adamw_torch"}.get(name, name)
     return name
+
+
+# ---- Inherited fields (issue #13). TarpoTrainer keeps TRL's sampler, reward plumbing, buffering, logging and
+# checkpointing and replaces its generation and loss, so some inherited fields have no reader. Each field of
+# GRPOConfig's own is in exactly one of the three tables below (tests/test_config_fields.py checks it); the fields of
+# transformers' TrainingArguments are read by the Trainer as usual, except those pinned here.
+
+# Pinned: the only value that describes what runs; any other value is refused, naming the field.
+PINNED = {
+    # how the loss and the advantages are formed (tarpo.objective)
+    "loss_type": ("grpo", "the loss is the mean over trajectories of (1/T_i) sum_t, TRL's 'grpo' normalisation "
+                          "(tarpo.objective.tarpo_loss)"),
+    "scale_rewards": ("group", "advantages are (r - group mean) / (group std + advantage_eps) "
+                               "(tarpo.objective.group_advantages)"),
+    "multi_objective_aggregation": ("sum_then_normalize", "weighted rewards are summed, then normalised per group"),
+    "importance_sampling_level": ("token", "off-policy ratios are per step (tarpo.objective.policy_gradient_term)"),
+    "use_bias_correction_kl": (False, "the token KL is not weighted by an importance ratio"),
+    "mask_truncated_completions": (False, "truncated completions stay in the loss"),
+    "delta": (None, "no two-sided clipping bound"),
+    "off_policy_mask_threshold": (None, "no off-policy sequence masking"),
+    "top_entropy_quantile": (1.0, "every step carries the policy gradient (no entropy masking)"),
+    "entropy_coef": (0.0, "no entropy bonus"),
+    "use_adaptive_entropy": (False, "no entropy bonus"),
+    "router_aux_loss_coef": (None, "no MoE auxiliary loss is added"),
+    "sync_ref_model": (False, "the reference is the base model with the adapter disabled, never synced"),
+    # how completions are generated (tarpo.rollout)
+    "use_vllm": (False, "the hybrid decode loop feeds soft inputs, which vLLM cannot"),
+    "use_transformers_paged": (False, "the hybrid decode loop is not transformers' generate"),
+    "use_transformers_continuous_batching": (False, "the hybrid decode loop is not transformers' generate"),
+    "min_p": (None, "the token policy's filters are top_k and top_p only (tarpo.sampling)"),
+    "repetition_penalty": (1.0, "the token policy has no repetition penalty (tarpo.sampling)"),
+    "generation_kwargs": (None, "the hybrid decode loop takes no generate() arguments"),
+    "cache_implementation": (None, "the hybrid decode loop uses a DynamicCache"),
+    "chat_template_kwargs": (None, "prompts are encoded by tarpo.prompts with the tokenizer's chat template"),
+    "pad_to_multiple_of": (None, "prompts and completions are not padded to a multiple"),
+    "num_generations_eval": (None, "evaluation groups are num_generations completions, like training's"),
+    "cast_lm_head_to_fp32": (False, "logits are computed in the model's dtype and cast to fp32 after"),
+    "log_completions": (False, "the trainer logs its own metrics; TRL's completion tables stay empty"),
+    # TrainingArguments fields that the Trainer applies in code this trainer replaces
+    "label_smoothing_factor": (0.0, "the loss is tarpo_loss, not a cross-entropy on labels"),
+    "neftune_noise_alpha": (None, "inputs are built from E directly, past the embedding module NEFTune hooks"),
+    "include_num_input_tokens_seen": ("no", "the trainer counts prompt tokens and generated units itself "
+                                            "(num_tokens); a rollout batch has no input_ids to count"),
+    "use_liger_kernel": (False, "log-probs come from tarpo.scoring and the loss from tarpo.objective"),
+    "torch_compile": (False, "the model is not compiled (torch_compile_backend or torch_compile_mode turn this on)"),
+}
+
+# Read by the trainer (TRL's parts it keeps, or tarpo): they do what their help says.
+HONOURED = {
+    "model_init_kwargs", "trust_remote_code",            # TRL loads a model or reward model given by name
+    "disable_dropout", "num_generations", "max_completion_length", "shuffle_dataset",
+    "generation_batch_size", "steps_per_generation", "num_iterations",  # TRL's sampler and buffering
+    "temperature", "top_p", "top_k",                     # tarpo.rollout / tarpo.scoring
+    "beta", "epsilon", "epsilon_high", "reward_weights",  # tarpo.objective, reward plumbing
+}
+
+# Read only when a pinned field has another value, or in a mode this trainer never enters: no effect at any value.
+INERT = {
+    **{name: "read only with use_vllm" for name in (
+        "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_structured_outputs_regex",
+        "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
+        "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
+        "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap")},
+    **{name: "read only for other loss_type values" for name in (
+        "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+        "vespo_lambda_neg")},
+    **{name: "read only with use_adaptive_entropy" for name in (
+        "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")},
+    **{name: "read only with sync_ref_model" for name in ("ref_model_mixup_alpha", "ref_model_sync_steps")},
+    **{name: "read only with log_completions" for name in (
+        "log_multimodal", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo")},
+    "transformers_continuous_batching_config": "read only with use_transformers_continuous_batching",
+    "max_tool_calling_iterations": "read only with tools, which the trainer does not take",
+    "ds3_gather_for_generation": "read only by TRL's generation under DeepSpeed ZeRO-3",
+    # TrainingArguments fields
+    "average_tokens_across_devices": "read only with token counts from `labels`, which a rollout batch has none of; "
+                                     "the loss is a mean over trajectories",
+    "torch_compile_backend": "read only with torch_compile, which it turns on (pinned)",
+    "torch_compile_mode": "read only with torch_compile, which it turns on (pinned)",
+}
 
 
 @dataclass
@@ -56,6 +139,10 @@ class TarpoConfig(GRPOConfig):
                   "bitsandbytes plain adamw_torch with the same hyper-parameters."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N optimizer steps (every step by default)."})
     disable_dropout: bool = field(default=True, metadata={"help": "Dropout off so policy and reference score the same inputs identically."})
+    # ---- inherited fields pinned to what runs (PINNED above); any other value is refused ----
+    loss_type: str = field(default="grpo", metadata={"help": f"Pinned: {PINNED['loss_type'][1]}."})
+    use_bias_correction_kl: bool = field(
+        default=False, metadata={"help": f"Pinned: {PINNED['use_bias_correction_kl'][1]}."})
     # ---- routing (DESIGN §1, §2 ablations, §3) ----
     routing: str = field(
         default="learned",
@@ -66,8 +153,14 @@ class TarpoConfig(GRPOConfig):
                   "'soft_tokens': the full mixture plus Gaussian noise at every thinking step (Soft Tokens). "
                   "DESIGN §2-3."})
     entropy_threshold: float = field(
-        default=0.5, metadata={"help": "Entropy (nats, of softmax(z/T_s)) above which 'entropy' routing "
-                                       "goes soft. Paper: 0.5 (DESIGN §2)."})
+        default=0.5, metadata={"help": "Entropy (nats, of softmax(z/entropy_temperature)) above which 'entropy' "
+                                       "routing goes soft. Paper: 0.5 (Sec. 4.1 baselines, Sec. 4.3 ablation)."})
+    entropy_temperature: float = field(
+        default=1.0, metadata={"help": "Temperature of the distribution whose entropy 'entropy' routing "
+                                       "thresholds (Entropy-Routed, GRPO w/ Entropy Routing). 1.0: the model's own "
+                                       "token distribution, the entropy the authors' code reports; 0.5 (= T_s) "
+                                       "thresholds the sampling distribution, which is sharper and goes soft less "
+                                       "often."})
     action_bias: list[float] = field(
         default_factory=lambda: [4.6, 0.0],
         metadata={"help": "Router bias b0 = [hard, soft]. Paper: [2.2, 0] for Qwen2.5-3B, [4.6, 0] for "
@@ -90,9 +183,19 @@ class TarpoConfig(GRPOConfig):
                                           "hard and no router decision is recorded (DESIGN §1, §6)."})
     hrpo_c: float = field(
         default=8.0, metadata={"help": "HRPO: c in a = exp(-c softplus(-Lambda) r) (DESIGN §3)."})
+    hrpo_mixture: str = field(
+        default="full", metadata={"help": "HRPO: the mixture m its gate blends with E(v_t). 'full': HRPO's code, "
+                                          "m = (p . E) / |p|_2 over the whole vocabulary, p the distribution v_t "
+                                          "was sampled from (one [B, V] x [V, d] product per step, recorded in "
+                                          "the rollout); 'top_k': this project's earlier reading, the top-k "
+                                          "(soft_top_k) mixture rescaled to |E(v_t)|."})
     hrpo_lr: float = field(
-        default=1e-4, metadata={"help": "HRPO: learning rate of the gate's own parameter group (W_r, W_i, Lambda; "
-                                        "no weight decay). Our choice: the router's LR."})
+        default=1e-4, metadata={"help": "HRPO: learning rate of the gate's linear maps W_r, W_i (HRPO's "
+                                        "lr_residual_gate, 1e-4)."})
+    hrpo_lambda_lr: float = field(
+        default=1e-3, metadata={"help": "HRPO: learning rate of Lambda (HRPO's lr_residual_Lambda, 1e-3; 1e-4 "
+                                        "reproduces this project's earlier runs). The gate's groups take "
+                                        "weight_decay, as in HRPO's optimizer."})
     soft_tokens_noise_scale: float = field(
         default=0.33, metadata={"help": "Soft Tokens: noise std as a multiple of the embedding RMS, "
                                         "sigma = 0.33 rms(E) (DESIGN §3)."})
@@ -120,7 +223,9 @@ class TarpoConfig(GRPOConfig):
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (0: policy and reference score identically)."})
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        metadata={"help": "Modules that get LoRA. Paper: q, k, v, o (Tab. A)."})
+        metadata={"help": "Modules that get LoRA. Paper: query, key, value, dense = q, k, v, o (Tab. A); the "
+                  "authors' released scripts (TARPO's and HRPO's) also adapt gate_proj, up_proj, down_proj "
+                  "(launcher: LORA_TARGETS=all-linear, tarpo.presets)."})
     # ---- lengths (Tab. A) ----
     max_prompt_length: int = field(
         default=1024, metadata={"help": "Prompts longer than this many tokens are truncated from the left "
@@ -140,8 +245,8 @@ class TarpoConfig(GRPOConfig):
         def bad(name, why):
             raise ValueError(f"TarpoConfig.{name}={getattr(self, name)!r}: {why}")
 
-        for name in ("learning_rate", "router_lr", "hrpo_lr", "beta", "lambda_act", "alpha_action_kl",
-                     "weight_decay", "entropy_threshold", "warmup_steps"):
+        for name in ("learning_rate", "router_lr", "hrpo_lr", "hrpo_lambda_lr", "beta", "lambda_act",
+                     "alpha_action_kl", "weight_decay", "entropy_threshold", "warmup_steps"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
@@ -182,5 +287,10 @@ class TarpoConfig(GRPOConfig):
             bad("soft_tokens_noise_scale", "must be > 0")
         if self.routing == "soft_tokens" and self.num_iterations > 1:
             bad("num_iterations", "Soft Tokens' Gaussian term is on-policy only (one gradient step per batch)")
-        if self.use_vllm:
-            bad("use_vllm", "TARPO generates with its own hybrid decode loop; vLLM cannot feed soft inputs")
+        if self.hrpo_mixture not in HRPO_MIXTURES:
+            bad("hrpo_mixture", f"must be one of {HRPO_MIXTURES}")
+        if self.entropy_temperature <= 0:
+            bad("entropy_temperature", "must be > 0")
+        for name, (value, why) in PINNED.items():
+            if getattr(self, name) != value:
+                bad(name, f"TarpoTrainer runs only {value!r}: {why}")

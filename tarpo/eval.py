@@ -14,9 +14,9 @@ mix with an old file unless ``--restart``. For ``math`` the MATH-500 subset is r
 from the same run when the MATH-500 ids can be loaded.
 
 Modes (DESIGN §3/§7): ``cot`` hard inputs; ``pure_latent`` soft at every thinking step;
-``entropy`` soft iff the token entropy exceeds ``--entropy-threshold``; ``tarpo`` the
-trained router decides; ``hard`` a trained model forced to hard inputs; ``hrpo`` an
-HRPO-trained gate blends every thinking input; ``greedy`` one argmax sample. Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
+``entropy`` soft iff the entropy of softmax(z / ``--entropy-temperature``, default 1) exceeds
+``--entropy-threshold``; ``tarpo`` the trained router decides; ``hard`` a trained model forced
+to hard inputs; ``hrpo`` an HRPO-trained gate blends every thinking input; ``greedy`` one argmax sample. Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
 per task from DESIGN §5.
 """
 
@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--soft-top-k", type=int, default=30, help="k of the soft mixture")
     p.add_argument("--router-argmax", action="store_true", help="route by argmax instead of sampling")
     p.add_argument("--entropy-threshold", type=float, default=0.5, help="mode entropy: soft iff entropy > this")
+    p.add_argument("--entropy-temperature", type=float, default=1.0,
+                   help="mode entropy: the entropy is that of softmax(z / this); 1 (default): the model's own "
+                        "token distribution")
     p.add_argument("--max-prompt-length", type=int, help="default per task (DESIGN §5)")
     p.add_argument("--max-new-tokens", type=int, help="default per task (DESIGN §5)")
     p.add_argument("--seed", type=int, default=0)
@@ -115,7 +118,7 @@ def check_arguments(args) -> None:
     check_system(args.adapter, args.mode)
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise ValueError(f"--data-dir {args.data_dir}: no such folder")
-    for name in ("temperature", "action_temperature"):
+    for name in ("temperature", "action_temperature", "entropy_temperature"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
@@ -130,6 +133,8 @@ def task_settings(args, task: str) -> dict:
         "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "action_temperature": args.action_temperature, "soft_top_k": args.soft_top_k,
         "router": "argmax" if args.router_argmax else "sample", "entropy_threshold": args.entropy_threshold,
+        # only mode entropy reads it (None elsewhere, so files written before it existed still resume)
+        "entropy_temperature": args.entropy_temperature if args.mode == "entropy" else None,
         "max_prompt_length": args.max_prompt_length or prompt_len, "max_new_tokens": args.max_new_tokens or new_tokens,
         "seed": args.seed, "limit": args.limit, "data": args.data_dir and os.path.join(args.data_dir, task),
         "grader": args.grader or TASKS[task].grader, "dtype": args.dtype,
@@ -178,7 +183,7 @@ def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, 
     s = traj.settings
     spec = RolloutSpec(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"],
                        top_p=s["top_p"], soft_top_k=s["soft_top_k"], entropy_threshold=s["entropy_threshold"],
-                       router_greedy=args.router_argmax)
+                       entropy_temperature=args.entropy_temperature, router_greedy=args.router_argmax)
     done = traj.done_chunks()
     started, fresh = time.time(), 0
     bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2)

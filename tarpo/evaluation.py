@@ -6,9 +6,9 @@
 
 Inference modes (DESIGN §3, §7): ``cot`` and ``hard`` (hard inputs throughout; ``hard`` is a
 trained model forced to hard routing), ``pure_latent`` (soft at every thinking step),
-``entropy`` (soft iff the token entropy exceeds the threshold), ``tarpo`` (the trained
-router decides), ``hrpo`` (an HRPO-trained gate blends every thinking input) and ``greedy``
-(argmax tokens, hard inputs, one sample).
+``entropy`` (soft iff the entropy of softmax(z / ``spec.entropy_temperature``) exceeds the
+threshold), ``tarpo`` (the trained router decides), ``hrpo`` (an HRPO-trained gate blends every
+thinking input) and ``greedy`` (argmax tokens, hard inputs, one sample).
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def trajectory_fields(out, row: int, tokenizer, soft_detail: int = 0) -> dict:
     extra = {}
     if soft_detail:
         ids, weights = out.soft_ids[row][m][:, :soft_detail].tolist(), out.soft_weights[row][m][:, :soft_detail].tolist()
-        extra["soft_top"] = [[[i, round(w, 4)] for i, w in zip(ids[j], weights[j])] if soft[j] else None
+        # zero weights: none recorded (HRPO's full-vocabulary mixture is fed from soft_inputs)
+        extra["soft_top"] = [[[i, round(w, 4)] for i, w in zip(ids[j], weights[j]) if w > 0] if soft[j] else None
                              for j in range(len(tokens))]
     return {
         **extra,

@@ -5,13 +5,24 @@ token ``v_t`` as the step's placeholder, like TARPO's soft steps.
 
 **HRPO** (gated blend, :class:`HrpoGate`)::
 
-    u_t = a ⊙ e + sqrt(1 - a²) ⊙ (i ⊙ m̂)
+    u_t = a ⊙ e + sqrt(1 - a² + 1e-8) ⊙ (i ⊙ m)
     a   = exp(-c · softplus(-Λ) ⊙ r),   r = σ(W_r e + b_r),   i = σ(W_i e + b_i),   c = 8
 
-with ``e = E(v_t)`` the sampled token's embedding and ``m̂`` the probability-weighted
-embedding of the top-k tokens (the mixture of :mod:`tarpo.mixture`) rescaled to the norm
-of ``e`` ("normalised"). Λ is initialised so that ``a_min = exp(-c softplus(-Λ))`` is
-uniform in [0.99, 0.999]; as ``r < 1``, ``a > a_min``: training starts from inputs that
+with ``e = E(v_t)`` the sampled token's embedding. The default mixture is HRPO's own
+(``mixture="full"``, HRPO's ``transformers/generation/utils.py`` of its sampling loop)::
+
+    m = (p · E) / ‖p‖₂,   p = softmax(filter(z_t / T_s))
+
+over the full vocabulary, ``p`` being the distribution ``v_t`` was sampled from (the token
+policy with its top-k / top-p filters): one [n, V] x [V, d] product per step, the cost of
+an lm_head. The rollout records ``m`` (``Rollout.soft_inputs``) and the training forward
+recomputes the gate from it, as HRPO's trainer does with its recorded ``thinking_embeds``.
+``mixture="top_k"`` is this project's earlier reading: the top-k mixture of
+:mod:`tarpo.mixture` rescaled to the norm of ``e``.
+
+Initialisation follows HRPO: ``W_r, W_i ~ N(0, initializer_range)`` with zero biases (the
+model's ``_init_weights`` for a ``Linear``), and Λ such that ``a_min = exp(-c softplus(-Λ))``
+is uniform in [0.99, 0.999]; as ``r < 1``, ``a > a_min``: training starts from inputs that
 are at least 99% token embedding. The token ``v_t`` was fed (blended), so its log-prob
 stays in the policy gradient at every step.
 
@@ -35,22 +46,41 @@ from torch import nn
 HRPO_WEIGHTS = "hrpo_gate.safetensors"
 
 
-class HrpoGate(nn.Module):
-    """HRPO's gate; parameters in fp32 (like the router), applied to soft (thinking) rows."""
+HRPO_MIXTURES = ("full", "top_k")
+HRPO_EPS = 1e-8  # inside the square root, as HRPO's ``thinking_residual``
 
-    def __init__(self, hidden_size: int, c: float = 8.0, a_range=(0.99, 0.999), seed: int | None = 0):
+
+class HrpoGate(nn.Module):
+    """HRPO's gate; parameters in fp32 (like the router), applied to soft (thinking) rows.
+
+    ``mixture`` says which mixture ``m`` the gate blends (module docstring): ``"full"``, HRPO's
+    ``(p · E) / ‖p‖₂`` built by :func:`tarpo.mixture.normalised_full_mixture` and used as it is,
+    or ``"top_k"``, the top-k mixture rescaled here to ``‖e‖``. It is saved with the weights, so
+    evaluation blends the mixture training used.
+    """
+
+    def __init__(self, hidden_size: int, c: float = 8.0, a_range=(0.99, 0.999), seed: int | None = 0,
+                 init_std: float = 0.02, mixture: str = "full"):
         super().__init__()
+        if mixture not in HRPO_MIXTURES:
+            raise ValueError(f"HrpoGate mixture={mixture!r}: must be one of {HRPO_MIXTURES}")
         self.c = float(c)
+        self.mixture = mixture
         self.r = nn.Linear(hidden_size, hidden_size, dtype=torch.float32)
         self.i = nn.Linear(hidden_size, hidden_size, dtype=torch.float32)
         self.lam = nn.Parameter(torch.zeros(hidden_size, dtype=torch.float32))
-        self.reset(a_range, seed)
+        self.reset(a_range, seed, init_std)
 
     @torch.no_grad()
-    def reset(self, a_range, seed) -> None:
+    def reset(self, a_range, seed, init_std: float = 0.02) -> None:
+        """W_r, W_i ~ N(0, init_std), zero biases (the model's ``_init_weights`` for a Linear, with
+        ``init_std`` its ``initializer_range``); Λ from a_min ~ U(a_range)."""
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        for linear in (self.r, self.i):
+            linear.weight.copy_(torch.empty(linear.weight.shape).normal_(0.0, init_std, generator=gen))
+            linear.bias.zero_()
         a_min = torch.empty(self.lam.shape).uniform_(*a_range, generator=gen)
-        # softplus(-Λ) = -ln(a_min)/c  =>  Λ = -log(expm1(-ln(a_min)/c))
+        # softplus(-Λ) = -ln(a_min)/c  =>  Λ = -log(expm1(-ln(a_min)/c))  (HRPO: -log(a_min^(-1/c) - 1))
         self.lam.copy_(-torch.log(torch.expm1(-torch.log(a_min) / self.c)))
 
     def blend_weight(self, e: torch.Tensor) -> torch.Tensor:
@@ -59,16 +89,17 @@ class HrpoGate(nn.Module):
         return torch.exp(-self.c * nn.functional.softplus(-self.lam) * r)
 
     def forward(self, e: torch.Tensor, mixture: torch.Tensor) -> torch.Tensor:
-        """The blended input for token embeddings ``e`` and top-k mixtures, both [..., d]."""
+        """The blended input for token embeddings ``e`` and mixtures ``m``, both [..., d]."""
         e32, m32 = e.float(), mixture.float()
-        m_hat = m32 * (e32.norm(dim=-1, keepdim=True) / m32.norm(dim=-1, keepdim=True).clamp(min=1e-12))
+        if self.mixture == "top_k":
+            m32 = m32 * (e32.norm(dim=-1, keepdim=True) / m32.norm(dim=-1, keepdim=True).clamp(min=1e-12))
         a = self.blend_weight(e32)
         gate_i = torch.sigmoid(self.i(e32))
-        return (a * e32 + torch.sqrt((1 - a * a).clamp(min=0)) * (gate_i * m_hat)).to(e.dtype)
+        return (a * e32 + torch.sqrt(1 - a * a + HRPO_EPS) * (gate_i * m32)).to(e.dtype)
 
     def save(self, directory: str) -> None:
         save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
-                  f"{directory}/{HRPO_WEIGHTS}", metadata={"c": str(self.c)})
+                  f"{directory}/{HRPO_WEIGHTS}", metadata={"c": str(self.c), "mixture": self.mixture})
 
     @classmethod
     def load(cls, directory: str, device=None) -> "HrpoGate":
@@ -76,8 +107,9 @@ class HrpoGate(nn.Module):
         state = load_file(path)
         from safetensors import safe_open
         with safe_open(path, "pt") as f:
-            c = float(f.metadata()["c"])
-        gate = cls(state["lam"].shape[0], c=c, seed=None)
+            meta = f.metadata()
+        # a gate saved before the mixture was recorded was trained with the top-k mixture
+        gate = cls(state["lam"].shape[0], c=float(meta["c"]), seed=None, mixture=meta.get("mixture", "top_k"))
         gate.load_state_dict(state)
         return gate.to(device) if device is not None else gate
 

@@ -135,6 +135,9 @@ def evaluate(cfg: dict, adapter: str) -> int:
             cfg["system"], "--tasks", ",".join(cfg["eval_tasks"]), "--n", str(cfg["eval_n"]),
             "--out", os.path.join(cfg["run_dir"], "eval"), "--seed", str(cfg["trainer"]["seed"]),
             "--backend", cfg["backend"]]
+    for name in ("entropy_threshold", "entropy_temperature"):  # mode entropy routes as training did
+        if name in cfg["trainer"]:
+            args += [f"--{name.replace('_', '-')}", str(cfg["trainer"][name])]
     if cfg["eval_limit"]:
         args += ["--limit", str(cfg["eval_limit"])]
     if cfg["eval_data_dir"]:

@@ -4,14 +4,16 @@ A hard step feeds the sampled token's embedding ``E(v_t)``. A soft step feeds
 
     u_t = sum_i w_t[i] * E(K_t[i]),   K_t = top-k(z_t / T_s),   w_t = softmax(z_t / T_s)[K_t] renormalised
 
-The baselines of DESIGN §3 change only what a soft step feeds: HRPO passes the mixture
-through its gate together with ``E(v_t)`` (:class:`tarpo.latent.HrpoGate`); Soft Tokens
-feed the recorded noisy full mixture (``soft_inputs``).
+The baselines change only what a soft step feeds: HRPO passes a mixture through its gate
+together with ``E(v_t)`` (:class:`tarpo.latent.HrpoGate`); by default that mixture is HRPO's
+full-vocabulary ``(p · E) / ‖p‖₂`` (:func:`normalised_full_mixture`), which the rollout records
+in ``soft_inputs``; Soft Tokens feed the recorded noisy full mixture (``soft_inputs``) as it is.
 
 The rollout calls :func:`build_inputs_embeds` once per decode step with ``[B]``-shaped
 records, the trainer once per batch with ``[B, T]``-shaped ones: the same ids and fp32
-weights give bit-identical inputs. Only k rows of ``E`` are gathered per soft step,
-never a full-vocabulary product.
+weights (or the same recorded fp32 mixtures) give bit-identical inputs. Rebuilding a top-k
+mixture gathers only k rows of ``E`` per soft step; a full-vocabulary mixture is computed
+once, at sampling time, and recorded (d floats per step).
 """
 
 from __future__ import annotations
@@ -30,6 +32,21 @@ def soft_topk(scaled_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """
     values, ids = torch.topk(scaled_logits.float(), k, dim=-1)
     return ids, torch.softmax(values, dim=-1)
+
+
+def normalised_full_mixture(filtered_scores: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+    """HRPO's mixture ``(p · E) / ‖p‖₂`` with ``p = softmax(filtered_scores)`` over the whole vocabulary,
+    [n, V] -> [n, d] fp32. ``filtered_scores`` are the tempered, filtered logits the token was sampled
+    from (:func:`tarpo.sampling.filter_logits`). The product runs in ``E``'s dtype (no fp32 copy of
+    ``E``), one [n, V] x [V, d] matmul, the cost of an lm_head.
+
+        >>> E = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> normalised_full_mixture(torch.tensor([[0.0, 0.0]]), E)  # p = (1/2, 1/2), |p| = 1/sqrt(2)
+        tensor([[0.7071, 0.7071]])
+    """
+    p = torch.softmax(filtered_scores.float(), dim=-1)
+    mixed = (p.to(embedding.dtype) @ embedding).float()
+    return mixed / p.norm(dim=-1, keepdim=True)
 
 
 def build_inputs_embeds(
@@ -51,23 +68,24 @@ def build_inputs_embeds(
         is_soft: bool [*S], the router's action ``d_t == soft``.
         chunk_size: soft positions mixed at a time, bounding the [n, k, d] gather.
         gate: HRPO's gate; soft positions then get ``gate(E(v_t), mixture)``.
-        soft_inputs: [*S, d] recorded inputs of soft positions (Soft Tokens); used as they are.
+        soft_inputs: [*S, d] recorded fp32 mixtures of soft positions, used instead of the top-k
+            ones: fed as they are (Soft Tokens) or through ``gate`` (HRPO's full mixture).
 
     Returns ``E[token_ids]`` with soft positions replaced by the fp32 mixture (or its
-    gated blend, or the recorded input), cast to ``E``'s dtype.
+    gated blend), cast to ``E``'s dtype.
     """
     out = embedding[token_ids]
     where = is_soft.nonzero(as_tuple=True)
     if where[0].numel() == 0:
         return out
     if soft_inputs is not None:
-        out[where] = soft_inputs[where].to(out.dtype)
-        return out
-    ids, weights = soft_ids[where], soft_weights[where].float()
-    mixed = torch.cat([
-        torch.einsum("nk,nkd->nd", weights[s:s + chunk_size], embedding[ids[s:s + chunk_size]].float())
-        for s in range(0, ids.shape[0], chunk_size)
-    ])
+        mixed = soft_inputs[where].float()
+    else:
+        ids, weights = soft_ids[where], soft_weights[where].float()
+        mixed = torch.cat([
+            torch.einsum("nk,nkd->nd", weights[s:s + chunk_size], embedding[ids[s:s + chunk_size]].float())
+            for s in range(0, ids.shape[0], chunk_size)
+        ])
     if gate is not None:
         mixed = gate(out[where], mixed)
     out[where] = mixed.to(out.dtype)

@@ -41,21 +41,34 @@ MODELS = {
 DEFAULT_MODEL = "qwen2.5-3b"
 
 # ---- DESIGN §3: every trained system is one routing rule of the same trainer
+# ``trainer``: the algorithm's own settings, as its authors run it (docs/design-notes.md, issue #13)
 ALGOS = {
     "tarpo": dict(routing="learned", eval_mode="tarpo", system="TARPO"),
     "grpo": dict(routing="hard", eval_mode="cot", system="GRPO"),
     "grpo_pure_latent": dict(routing="soft", eval_mode="pure_latent", system="GRPO w/ Pure Latent"),
-    "grpo_entropy": dict(routing="entropy", eval_mode="entropy", system="GRPO w/ Entropy Routing"),
-    "hrpo": dict(routing="hrpo", eval_mode="hrpo", system="HRPO"),
+    # the paper's threshold 0.5 on the entropy of the model's own (T = 1) token distribution
+    "grpo_entropy": dict(routing="entropy", eval_mode="entropy", system="GRPO w/ Entropy Routing",
+                         trainer=dict(entropy_threshold=0.5, entropy_temperature=1.0)),
+    # HRPO's code: full-vocabulary mixture (p . E) / |p|_2, gate LR 1e-4, Lambda LR 1e-3
+    "hrpo": dict(routing="hrpo", eval_mode="hrpo", system="HRPO",
+                 trainer=dict(hrpo_mixture="full", hrpo_lr=1e-4, hrpo_lambda_lr=1e-3)),
     # "Soft Tokens, Hard Truths": trained with noisy soft inputs, evaluated with hard inputs
     "soft_tokens": dict(routing="soft_tokens", eval_mode="hard", system="Soft Tokens"),
 }
+
+# LORA_TARGETS presets: "paper" = Tab. A's query, key, value, dense; "all-linear" = the authors' released
+# scripts (TARPO's tarpo_*.py and HRPO's hrpo_*.py), which also adapt the MLP projections
+LORA_TARGET_PRESETS = {
+    "paper": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "all-linear": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+
 
 # ---- DESIGN §5 values shared by all runs; a model without a preset gets b0 [4.6, 0] and the Qwen LRs
 COMMON = dict(learning_rate=5e-6, router_lr=1e-4, action_bias=[4.6, 0.0], num_train_epochs=1.0, beta=0.005, alpha_action_kl=1.0, lambda_act=0.1, temperature=0.5,
               action_temperature=1.0, soft_top_k=30, max_grad_norm=0.1, weight_decay=0.1, adam_beta2=0.99,
               lr_scheduler_type="cosine", warmup_steps=0.1, lora_r=32, lora_alpha=64,
-              lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], optim="paged_adamw_8bit", bf16=True,
+              lora_target_modules=list(LORA_TARGET_PRESETS["paper"]), optim="paged_adamw_8bit", bf16=True,
               gradient_checkpointing=True, seed=0, logging_steps=1, save_steps=100)
 
 # ---- shell variable -> (TarpoConfig field, parser); every one can be set in the launcher or the environment
@@ -65,6 +78,15 @@ def _floats(s):
 
 def _names(s):
     return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _lora_targets(s):
+    """Module names, or a preset name.
+
+    >>> _lora_targets("all-linear")[-3:], _lora_targets("q_proj, v_proj")
+    (['gate_proj', 'up_proj', 'down_proj'], ['q_proj', 'v_proj'])
+    """
+    return list(LORA_TARGET_PRESETS[s.strip()]) if s.strip() in LORA_TARGET_PRESETS else _names(s)
 
 
 def _bool(s):
@@ -81,8 +103,11 @@ VARIABLES = {
     "BETA": ("beta", float), "ALPHA": ("alpha_action_kl", float), "LAMBDA": ("lambda_act", float),
     "ACTION_BIAS": ("action_bias", _floats), "ACTION_TEMPERATURE": ("action_temperature", float),
     "TEMPERATURE": ("temperature", float), "SOFT_TOP_K": ("soft_top_k", int),
-    "ENTROPY_THRESHOLD": ("entropy_threshold", float), "NOISE_SCALE": ("soft_tokens_noise_scale", float),
-    "LORA_R": ("lora_r", int), "LORA_ALPHA": ("lora_alpha", int), "LORA_TARGETS": ("lora_target_modules", _names),
+    "ENTROPY_THRESHOLD": ("entropy_threshold", float), "ENTROPY_TEMPERATURE": ("entropy_temperature", float),
+    "HRPO_MIXTURE": ("hrpo_mixture", str), "HRPO_LAMBDA_LR": ("hrpo_lambda_lr", float),
+    "NOISE_SCALE": ("soft_tokens_noise_scale", float), "TOP_K": ("top_k", int), "TOP_P": ("top_p", float),
+    "LORA_R": ("lora_r", int), "LORA_ALPHA": ("lora_alpha", int),
+    "LORA_TARGETS": ("lora_target_modules", _lora_targets),
     "MAX_PROMPT_LENGTH": ("max_prompt_length", int), "MAX_COMPLETION_LENGTH": ("max_completion_length", int),
     "WEIGHT_DECAY": ("weight_decay", float), "MAX_GRAD_NORM": ("max_grad_norm", float),
     "WARMUP": ("warmup_steps", float), "LR_SCHEDULE": ("lr_scheduler_type", str),
@@ -145,7 +170,8 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
     data = DATASETS[dataset]
     trainer = {**COMMON, **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
-               **{k: v for k, v in (preset or {}).items() if k != "hub_id"}, "routing": ALGOS[algo]["routing"]}
+               **{k: v for k, v in (preset or {}).items() if k != "hub_id"}, "routing": ALGOS[algo]["routing"],
+               **ALGOS[algo].get("trainer", {})}
     trainer.update({VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES})
     group, batch = trainer["num_generations"], trainer["per_device_train_batch_size"]
     if group < 2:

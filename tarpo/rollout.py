@@ -13,7 +13,10 @@ objective (L_act, the action KL and delta_t).
 
 The baselines of DESIGN §3 are routings of the same loop: ``hrpo`` and ``soft_tokens`` go
 soft at every thinking step and change what a soft step feeds (``latent``: HRPO's gate,
-or Soft Tokens' noisy full mixture, recorded in ``soft_inputs``).
+or Soft Tokens' noisy full mixture); a full-vocabulary mixture (Soft Tokens', and HRPO's
+own ``(p · E) / ‖p‖₂``) is recorded in ``soft_inputs``. ``entropy`` routing thresholds the
+entropy of ``softmax(z_t / entropy_temperature)``; by default ``entropy_temperature`` = 1,
+the model's own token distribution, whatever the sampling temperature.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from transformers import DynamicCache
 
 from .backbone import Backbone, positions_from_mask
 from .config import ROUTING_MODES
-from .mixture import build_inputs_embeds, soft_topk
+from .mixture import build_inputs_embeds, normalised_full_mixture, soft_topk
 from .sampling import filter_logits, logprobs_and_entropy, sample_tokens
 from .tagging import TagTracker
 
@@ -41,6 +44,7 @@ class RolloutSpec:
     soft_top_k: int = 30
     routing: str = "learned"
     entropy_threshold: float = 0.5
+    entropy_temperature: float = 1.0  # routing ``entropy``: the entropy of softmax(z_t / this) is thresholded
     router_greedy: bool = False
     greedy: bool = False  # argmax tokens (evaluation's greedy accuracy)
     answer_tag: str = "####"
@@ -49,6 +53,8 @@ class RolloutSpec:
     def __post_init__(self):
         if self.routing not in ROUTING_MODES:
             raise ValueError(f"RolloutSpec.routing={self.routing!r}: must be one of {ROUTING_MODES}")
+        if self.entropy_temperature <= 0:
+            raise ValueError(f"RolloutSpec.entropy_temperature={self.entropy_temperature!r}: must be > 0")
 
     @classmethod
     def from_config(cls, config, **overrides) -> "RolloutSpec":
@@ -74,7 +80,8 @@ class Rollout:
     p_soft: torch.Tensor              # fp32 rho(soft|h_t) where decided under learned routing, else 0
     entropy: torch.Tensor             # fp32 entropy of softmax(z_t / T_s), nats
     logp: torch.Tensor                # fp32 log softmax(z_t / T_s)[v_t] at sampling time
-    soft_inputs: torch.Tensor         # [B, T, d] fp32 fed inputs of soft steps (Soft Tokens), else [B, T, 0]
+    soft_inputs: torch.Tensor         # [B, T, d] fp32 full mixtures of soft steps (Soft Tokens' noisy one,
+                                      # HRPO's (p.E)/|p|), else [B, T, 0]
     ended_with_eos: torch.Tensor      # [B] bool
 
     @property
@@ -91,7 +98,8 @@ class Rollout:
 
 
 def _route(spec, router, hidden, entropy, decide, generator):
-    """d_t (bool, True = soft) and rho(soft|h_t) for the rows in ``decide``."""
+    """d_t (bool, True = soft) and rho(soft|h_t) for the rows in ``decide``; ``entropy`` is the
+    routing entropy (at ``spec.entropy_temperature``)."""
     p_soft = torch.zeros_like(entropy)
     if spec.routing == "hard":
         return torch.zeros_like(decide), p_soft
@@ -149,6 +157,7 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
     B, T, k = prompt_ids.shape[0], spec.max_new_tokens, spec.soft_top_k
     E = backbone.embed_weight
     eos = torch.as_tensor(list(eos_token_ids), device=device)
+    full_mix = gaussian or (gate is not None and gate.mixture == "full")  # soft steps feed a recorded full mixture
 
     rec = dict(
         token_ids=torch.full((B, T), pad_token_id, dtype=torch.long, device=device),
@@ -160,7 +169,7 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         p_soft=torch.zeros(B, T, dtype=torch.float32, device=device),
         entropy=torch.zeros(B, T, dtype=torch.float32, device=device),
         logp=torch.zeros(B, T, dtype=torch.float32, device=device),
-        soft_inputs=torch.zeros(B, T, E.shape[1] if gaussian else 0, dtype=torch.float32, device=device),
+        soft_inputs=torch.zeros(B, T, E.shape[1] if full_mix else 0, dtype=torch.float32, device=device),
     )
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
     tracker = TagTracker(piece, spec.answer_tag, B)
@@ -179,10 +188,13 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
     for t in range(T):
         steps = t + 1
         logits = backbone.logits(hidden).float()
-        tokens = sample_tokens(filter_logits(logits, spec.temperature, spec.top_k, spec.top_p),
-                               spec.greedy, generator)
+        filtered = filter_logits(logits, spec.temperature, spec.top_k, spec.top_p)
+        tokens = sample_tokens(filtered, spec.greedy, generator)
         scaled = logits / spec.temperature
         logp_all, entropy = logprobs_and_entropy(scaled)
+        route_entropy = entropy
+        if spec.routing == "entropy" and spec.entropy_temperature != spec.temperature:
+            route_entropy = logprobs_and_entropy(logits / spec.entropy_temperature)[1]
 
         live_rows = rows[alive]
         live_tokens = tokens[alive]
@@ -190,7 +202,7 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         thinking = torch.tensor([tracker.thinking[r] for r in rows.tolist()], device=device)
         is_eos = torch.isin(tokens, eos)
         decide = alive & thinking & ~is_eos & (t < T - 1)
-        soft, p_soft = _route(spec, router, hidden, entropy, decide, generator)
+        soft, p_soft = _route(spec, router, hidden, route_entropy, decide, generator)
 
         rec["token_ids"][live_rows, t] = live_tokens
         rec["completion_mask"][live_rows, t] = True
@@ -199,10 +211,13 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         rec["p_soft"][rows, t] = p_soft
         rec["entropy"][live_rows, t] = entropy[alive]
         rec["logp"][live_rows, t] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)[alive]
-        soft_ids = soft_w = noisy = None
+        soft_ids = soft_w = mixed = None
         if soft.any() and gaussian:
-            noisy = latent.sample(scaled[soft], E, generator)
-            rec["soft_inputs"][rows[soft], t] = noisy
+            mixed = latent.sample(scaled[soft], E, generator)
+            rec["soft_inputs"][rows[soft], t] = mixed
+        elif soft.any() and full_mix:  # HRPO: p is the distribution v_t was drawn from
+            mixed = normalised_full_mixture(filtered[soft], E)
+            rec["soft_inputs"][rows[soft], t] = mixed
         elif soft.any():
             soft_ids, soft_w = soft_topk(scaled[soft], k)
             rec["soft_ids"][rows[soft], t] = soft_ids
@@ -220,10 +235,10 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         if soft_ids is not None:
             full_ids[soft], full_w[soft] = soft_ids, soft_w
         full_u = None
-        if gaussian:
+        if full_mix:
             full_u = torch.zeros(tokens.shape[0], E.shape[1], dtype=torch.float32, device=device)
-            if noisy is not None:
-                full_u[soft] = noisy
+            if mixed is not None:
+                full_u[soft] = mixed
         inputs = build_inputs_embeds(E, tokens, full_ids, full_w, soft, gate=gate, soft_inputs=full_u)
         if compact and not alive.all():
             keep = alive.nonzero(as_tuple=True)[0]

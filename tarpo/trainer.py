@@ -14,8 +14,8 @@ What is overridden, and why:
 - ``_compute_loss``: rebuilds the inputs, scores policy and reference
   (:func:`tarpo.scoring.score_rollout`) and applies :func:`tarpo.objective.tarpo_loss`.
 - ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router
-  (``router_lr``) and HRPO's gate (``hrpo_lr``) (the optimizer itself is ``args.optim``,
-  see ``TarpoConfig.optim``); under an 8-bit optimizer the router and the gate keep fp32
+  (``router_lr``) and HRPO's gate (``hrpo_lr``; ``hrpo_lambda_lr`` for its Λ) (the optimizer itself
+  is ``args.optim``, see ``TarpoConfig.optim``); under an 8-bit optimizer the router and the gate keep fp32
   state (:func:`keep_fp32_state`).
 - ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
   frozen reference router, and HRPO's gate) are saved beside the adapter and restored; a
@@ -131,9 +131,10 @@ class TarpoTrainer(GRPOTrainer):
         self.piece = token_piece_fn(self.processing_class)
         self.use_router = args.routing == "learned"
         router.requires_grad_(self.use_router)  # the baselines never train it
-        if args.routing == "hrpo":
-            base.tarpo_gate = HrpoGate(base.config.hidden_size, c=args.hrpo_c, seed=args.seed).to(
-                self.accelerator.device)
+        if args.routing == "hrpo":  # initialised as HRPO's: N(0, initializer_range) weights, zero biases
+            base.tarpo_gate = HrpoGate(base.config.hidden_size, c=args.hrpo_c, seed=args.seed,
+                                       init_std=getattr(base.config, "initializer_range", 0.02),
+                                       mixture=args.hrpo_mixture).to(self.accelerator.device)
         self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
                       if args.routing == "soft_tokens" else None)
         check_overrides(self, TarpoTrainer)
@@ -183,13 +184,18 @@ class TarpoTrainer(GRPOTrainer):
         cls, kwargs = self.get_optimizer_cls_and_kwargs(args, opt_model)
         router_ids = {id(p) for p in self.router.parameters()}
         gate_ids = {id(p) for p in self.gate.parameters()} if self.gate is not None else set()
+        lam_ids = {id(self.gate.lam)} if self.gate is not None else set()
         trainable = [p for p in opt_model.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in trainable if id(p) not in router_ids | gate_ids], "weight_decay": args.weight_decay},
             # The router's bias is the soft-rate prior b0; weight decay would erode it.
             {"params": [p for p in trainable if id(p) in router_ids], "lr": args.router_lr, "weight_decay": 0.0},
-            # HRPO's gate: its own LR; no decay (Lambda sets the initial ~99% token-embedding share).
-            {"params": [p for p in trainable if id(p) in gate_ids], "lr": args.hrpo_lr, "weight_decay": 0.0},
+            # HRPO's gate as HRPO's optimizer groups it: W_r, W_i at hrpo_lr and Lambda at hrpo_lambda_lr, both with
+            # the weight decay
+            {"params": [p for p in trainable if id(p) in gate_ids - lam_ids], "lr": args.hrpo_lr,
+             "weight_decay": args.weight_decay},
+            {"params": [p for p in trainable if id(p) in lam_ids], "lr": args.hrpo_lambda_lr,
+             "weight_decay": args.weight_decay},
         ]
         groups = [g for g in groups if g["params"]]
         self.optimizer = cls(groups, **kwargs)

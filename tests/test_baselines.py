@@ -1,34 +1,85 @@
 """HRPO and Soft Tokens (DESIGN §3) in the shared engine, and every ALGO of the launchers."""
 
+import json
 import math
 
 import pytest
 import torch
 
 from helpers import BiasedBackbone, decode_kwargs, encode_prompts
+from tarpo.config import TarpoConfig
 from tarpo.latent import GaussianSoftTokens, HrpoGate
+from tarpo.mixture import build_inputs_embeds, normalised_full_mixture
 from tarpo.objective import tarpo_loss
 from tarpo.presets import ALGOS
 from tarpo.rollout import RolloutSpec, hybrid_generate
-from tarpo.scoring import score_rollout
+from tarpo.sampling import filter_logits
+from tarpo.scoring import score_rollout, sequence_hidden
 from tarpo.tiny import tiny_causal_lm
 from tarpo.trainer import TarpoTrainer
+from test_eval import DATA, needs_data, tiny  # noqa: F401 (tiny: the saved tiny model fixture)
 from test_trainer import letter_reward, make_args, make_dataset
 
 
 def test_hrpo_gate_starts_with_at_least_99_percent_token_embedding():
-    gate = HrpoGate(64, seed=0)
+    gate = HrpoGate(64, seed=0, init_std=0.02)
+    for linear in (gate.r, gate.i):  # HRPO: the model's _init_weights, N(0, initializer_range), zero bias
+        assert abs(linear.weight.std().item() - 0.02) < 1e-3 and abs(linear.weight.mean().item()) < 1e-3
+        assert (linear.bias == 0).all()
     a_min = torch.exp(-gate.c * torch.nn.functional.softplus(-gate.lam))
     assert 0.99 <= a_min.min() and a_min.max() <= 0.999 and a_min.std() > 1e-3  # ~U[0.99, 0.999]
     e = torch.randn(100, 64)
     a = gate.blend_weight(e)
     assert a.min() >= 0.99 and a.max() < 1
     m = torch.randn(100, 64)
-    u = gate(e, m)
-    m_hat = m * e.norm(dim=-1, keepdim=True) / m.norm(dim=-1, keepdim=True)
-    hand = a * e + torch.sqrt(1 - a * a) * torch.sigmoid(gate.i(e)) * m_hat
-    torch.testing.assert_close(u, hand)
-    assert ((u - e).norm(dim=-1) < 0.2 * e.norm(dim=-1)).all()  # mostly the token embedding
+    for mixture in ("full", "top_k"):
+        gate.mixture = mixture
+        m_hat = m if mixture == "full" else m * e.norm(dim=-1, keepdim=True) / m.norm(dim=-1, keepdim=True)
+        hand = a * e + torch.sqrt(1 - a * a + 1e-8) * torch.sigmoid(gate.i(e)) * m_hat
+        torch.testing.assert_close(gate(e, m), hand)
+    assert ((gate(e, m) - e).norm(dim=-1) < 0.2 * e.norm(dim=-1)).all()  # mostly the token embedding
+
+
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+@pytest.mark.parametrize("top_k", [0, 2])
+def test_hrpo_default_is_hrpos_formula_by_hand(top_k):
+    """HRPO's code: m = (p . E) / |p|_2 over the vocabulary, p the (filtered) sampling distribution;
+    u = a e + sqrt(1 - a^2 + 1e-8) (i * m), a = exp(-8 softplus(-Lambda) r), r = sig(W_r e + b_r),
+    i = sig(W_i e + b_i)."""
+    args = TarpoConfig(output_dir="unused", report_to="none", bf16=False, routing="hrpo")
+    assert (args.hrpo_mixture, args.hrpo_lr, args.hrpo_lambda_lr) == ("full", 1e-4, 1e-3)
+    E = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    z, T = [2.0, 1.0, 0.0], 0.5
+    kept = 3 if top_k == 0 else top_k  # the top-k filter keeps the first `kept` (largest) logits
+    w = [math.exp(z[j] / T) if j < kept else 0.0 for j in range(3)]
+    p = [x / sum(w) for x in w]
+    norm = math.sqrt(sum(x * x for x in p))
+    m = [sum(p[j] * E[j, c].item() for j in range(3)) / norm for c in range(2)]
+
+    gate = HrpoGate(2, mixture=args.hrpo_mixture)
+    W_r, b_r, lam = [[0.1, -0.2], [0.3, 0.0]], [0.05, -0.05], [2.0, -1.0]
+    W_i, b_i = [[0.0, 0.4], [-0.5, 0.1]], [0.2, 0.0]
+    with torch.no_grad():
+        gate.r.weight.copy_(torch.tensor(W_r)), gate.r.bias.copy_(torch.tensor(b_r))
+        gate.i.weight.copy_(torch.tensor(W_i)), gate.i.bias.copy_(torch.tensor(b_i))
+        gate.lam.copy_(torch.tensor(lam))
+    v = 1  # the sampled token: e = E(v) = (0, 2)
+    e = [E[v, c].item() for c in range(2)]
+    u = []
+    for c in range(2):
+        r = sigmoid(sum(W_r[c][k] * e[k] for k in range(2)) + b_r[c])
+        i = sigmoid(sum(W_i[c][k] * e[k] for k in range(2)) + b_i[c])
+        a = math.exp(-8.0 * math.log1p(math.exp(-lam[c])) * r)
+        u.append(a * e[c] + math.sqrt(1 - a * a + 1e-8) * i * m[c])
+
+    mixed = normalised_full_mixture(filter_logits(torch.tensor([z]), T, top_k=top_k), E)  # what the rollout records
+    torch.testing.assert_close(mixed, torch.tensor([m]), rtol=0, atol=1e-6)
+    fed = build_inputs_embeds(E, torch.tensor([v]), torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1),
+                              torch.tensor([True]), gate=gate, soft_inputs=mixed)
+    torch.testing.assert_close(fed, torch.tensor([u]), rtol=0, atol=1e-6)
 
 
 def test_soft_tokens_noise_is_a_third_of_the_embedding_rms_and_the_likelihood_is_gaussian(tokenizer):
@@ -61,16 +112,18 @@ def test_loss_terms_of_the_latent_baselines_by_hand():
     assert soft_tokens.item() == pytest.approx(-(-2 - 3 - 10) * 2 / 3)
 
 
-@pytest.mark.parametrize("routing", ["hrpo", "soft_tokens"])
-def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, tokenizer, routing):
+@pytest.mark.parametrize("routing, mixture", [("hrpo", "full"), ("hrpo", "top_k"), ("soft_tokens", None)])
+def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, tokenizer, routing, mixture):
     torch.manual_seed(0)
     bias = torch.zeros(model.config.vocab_size)
     bias[tokenizer.eos_token_id] = 3.0 if routing == "hrpo" else 1.0  # rows end at different steps (compaction)
     backbone = BiasedBackbone(model, bias)
     E = backbone.embed_weight
-    latent = HrpoGate(model.config.hidden_size, a_range=(0.5, 0.6)) if routing == "hrpo" else GaussianSoftTokens(E)
+    latent = (HrpoGate(model.config.hidden_size, a_range=(0.5, 0.6), mixture=mixture) if routing == "hrpo"
+              else GaussianSoftTokens(E))
     enc = encode_prompts(tokenizer, ["what is 2+3?", "hi", "a longer prompt here"])
-    spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, routing=routing)
+    spec = RolloutSpec(max_new_tokens=40, temperature=0.8, top_k=20 if routing == "hrpo" else 0, soft_top_k=5,
+                       routing=routing)
     out = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer),
                           latent=latent)
     m = out.completion_mask
@@ -80,6 +133,13 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
         scores = score_rollout(backbone, None, None, out, temperature=0.8, chunk_size=7, use_router=False,
                                with_reference=False, latent=latent)
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
+    assert out.soft_inputs.shape[-1] == (0 if mixture == "top_k" else model.config.hidden_size)
+    if mixture == "full":  # the recorded m is HRPO's (p . E) / |p|_2 of the top-20-filtered logits that step
+        soft = m & out.is_soft
+        with torch.no_grad():
+            logits = backbone.logits(sequence_hidden(backbone, out, latent)[soft]).float()
+        hand = normalised_full_mixture(filter_logits(logits, 0.8, top_k=20), E)
+        torch.testing.assert_close(out.soft_inputs[soft], hand, atol=1e-4, rtol=1e-4)
     if routing == "soft_tokens":
         assert out.soft_inputs.shape[-1] == model.config.hidden_size
         soft = m & out.is_soft
@@ -109,13 +169,18 @@ def test_every_algo_trains_and_changes_every_trainable_parameter(tokenizer, tmp_
     assert len(logs) == 3 and all(math.isfinite(h["loss"]) for h in logs)
     if algo in ("hrpo", "soft_tokens", "grpo_pure_latent"):
         assert all(h["soft_ratio"] > 0 for h in logs)
-    if algo == "hrpo":
-        lrs = [g["initial_lr"] for g in trainer.optimizer.param_groups]
-        assert lrs == [args.learning_rate, 1e-1]  # LoRA, gate (the router is frozen: no group)
+    if algo == "hrpo":  # LoRA, gate W_r and W_i, Lambda (the router is frozen: no group); decay as HRPO's
+        groups = trainer.optimizer.param_groups
+        assert [g["initial_lr"] for g in groups] == [args.learning_rate, 1e-1, 1e-3]
+        assert [g["weight_decay"] for g in groups] == [args.weight_decay] * 3
+        assert groups[2]["params"] == [trainer.gate.lam]
 
 
 def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
+    from safetensors.torch import save_file
+
     from tarpo.evaluation import sample
+    from tarpo.latent import HRPO_WEIGHTS
     from tarpo.modeling import load_gate
 
     args = make_args(tmp_path, routing="hrpo", max_steps=1)
@@ -126,10 +191,66 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     gate = load_gate(str(tmp_path / "adapter"))
     for k, v in trainer.gate.state_dict().items():
         torch.testing.assert_close(gate.state_dict()[k], v)
+    assert gate.mixture == trainer.gate.mixture == "full" and gate.c == args.hrpo_c  # evaluation blends as training
+    old = tmp_path / "old"  # a gate saved before the mixture was recorded was trained with the top-k one
+    old.mkdir()
+    save_file({k: v.contiguous() for k, v in gate.state_dict().items()}, str(old / HRPO_WEIGHTS), metadata={"c": "8.0"})
+    assert load_gate(str(old)).mixture == "top_k"
     examples = [{"id": "q", "prompt": [{"role": "user", "content": "question 1?"}]}]
     recs = sample(trainer.model, None, tokenizer, examples, 2, RolloutSpec(max_new_tokens=8), mode="hrpo",
-                  max_prompt_length=64, gate=gate)
+                  max_prompt_length=64, gate=gate, generator=torch.Generator().manual_seed(0))
     assert len(recs) == 2 and all(r["soft_steps"] > 0 for r in recs)
     with pytest.raises(ValueError, match="needs a trained HRPO gate"):
         sample(trainer.model, None, tokenizer, examples, 1, RolloutSpec(max_new_tokens=4), mode="hrpo",
                max_prompt_length=64)
+
+
+def test_entropy_routing_thresholds_the_entropy_at_entropy_temperature(model, tokenizer):
+    """Two likely tokens: at T = 1 the distribution is flat enough to exceed the threshold, at T_s = 0.5 it is not,
+    so routing on the sampling distribution's entropy goes soft less often (never, here)."""
+    bias = torch.zeros(model.config.vocab_size)
+    bias[tokenizer.convert_tokens_to_ids(["a", "b"])] = 3.0
+    backbone = BiasedBackbone(model, bias)
+    enc = encode_prompts(tokenizer, ["what is 2+3?", "hi"])
+    outs = {}
+    for temp in (1.0, 0.5):
+        torch.manual_seed(0)
+        spec = RolloutSpec(max_new_tokens=20, temperature=0.5, routing="entropy", entropy_threshold=2.5,
+                           entropy_temperature=temp)
+        assert RolloutSpec(max_new_tokens=1, routing="entropy").entropy_temperature == 1.0  # the default
+        outs[temp] = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec,
+                                     **decode_kwargs(tokenizer))
+    assert outs[1.0].decided.sum() >= 30 and torch.equal(outs[1.0].is_soft, outs[1.0].decided)
+    assert outs[0.5].decided.any() and not outs[0.5].is_soft.any()
+    assert (outs[0.5].entropy[outs[0.5].completion_mask] < 2.5).all()  # the logged entropy is still at T_s
+
+
+@pytest.mark.parametrize("temp, soft", [(1e-5, False), (100.0, True)])
+def test_entropy_temperature_works_in_training(tokenizer, tmp_path, temp, soft):
+    # tiny random model: at T = 1e-5 the entropy is ~0, at T = 100 ~log V; the threshold 0.5 lies between
+    args = make_args(tmp_path, routing="entropy", entropy_temperature=temp, max_steps=1)
+    assert RolloutSpec.from_config(args).entropy_temperature == temp
+    trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, seed=2), reward_funcs=letter_reward, args=args,
+                           train_dataset=make_dataset(), processing_class=tokenizer)
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert (log["soft_ratio"] > 0.5) == soft and (log["soft_ratio"] == 0) != soft
+
+
+@needs_data
+def test_entropy_temperature_works_in_tarpo_eval(tiny, tmp_path, capsys):
+    from tarpo.cli import main as cli
+
+    ratios = {}
+    for temp in ("1e-05", "100"):
+        out = tmp_path / temp
+        assert cli(["eval", "--model", tiny[0], "--mode", "entropy", "--tasks", "gsm8k", "--data-dir", DATA,
+                    "--limit", "2", "--n", "2", "--max-new-tokens", "8", "--entropy-temperature", temp,
+                    "--out", str(out)]) == 0
+        res = json.loads((out / "gsm8k.results.json").read_text())
+        assert res["settings"]["entropy_temperature"] == float(temp)
+        ratios[temp] = res["metrics"]["soft_ratio"]
+    assert ratios["1e-05"] == 0 and ratios["100"] > 0.5
+    assert cli(["eval", "--model", tiny[0], "--mode", "entropy", "--tasks", "gsm8k", "--entropy-temperature", "0",
+                "--out", str(tmp_path / "bad")]) == 2
+    assert "--entropy-temperature must be > 0" in capsys.readouterr().err

@@ -61,11 +61,36 @@ def test_dry_run_other_data_sets_models_and_overrides():
     assert (t["learning_rate"], t["router_lr"], t["action_bias"]) == (2e-6, 2e-6, [4.6, 0.0])
     assert t["routing"] == "hrpo" and t["beta"] == 0.01 and dapo["system"] == "HRPO"
     assert dapo["eval_tasks"] == ["gpqa_diamond", "arc_challenge", "humaneval"]
+    # HRPO as its code runs it: full-vocabulary mixture, gate LR 1e-4, Lambda LR 1e-3 (issue #13)
+    assert (t["hrpo_mixture"], t["hrpo_lr"], t["hrpo_lambda_lr"]) == ("full", 1e-4, 1e-3)
+
+
+def test_baseline_settings_as_their_authors_run_them():
+    """ALGO presets and the variables of issue #13, resolved in process (tarpo.presets, tarpo.launch)."""
+    from tarpo.launch import check_trainer
+    from tarpo.presets import resolve
+
+    ours = resolve("math", {"ALGO": "hrpo", "HRPO_MIXTURE": "top_k", "HRPO_LAMBDA_LR": "1e-4"})["trainer"]
+    assert (ours["hrpo_mixture"], ours["hrpo_lambda_lr"]) == ("top_k", 1e-4)
+    entropy = resolve("gsm8k", {"ALGO": "grpo_entropy"})["trainer"]
+    assert (entropy["entropy_threshold"], entropy["entropy_temperature"]) == (0.5, 1.0)
+    assert resolve("gsm8k", {"ALGO": "grpo_entropy", "ENTROPY_TEMPERATURE": "0.5"})["trainer"][
+        "entropy_temperature"] == 0.5
+    # LoRA targets: the paper's table (default, "paper") or the authors' released scripts ("all-linear")
+    released = resolve("math", {"LORA_TARGETS": "all-linear"})["trainer"]["lora_target_modules"]
+    assert released == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert resolve("math", {"LORA_TARGETS": "paper"})["trainer"]["lora_target_modules"] == PAPER_MATH[
+        "lora_target_modules"]
+    assert resolve("math", {"TOP_K": "50"})["trainer"]["top_k"] == 50  # the authors' generate() default
+    for env, message in [({"HRPO_MIXTURE": "all"}, "HRPO_MIXTURE='all': must be one of"),
+                         ({"ENTROPY_TEMPERATURE": "0"}, "ENTROPY_TEMPERATURE=0.0: must be > 0")]:
+        with pytest.raises(ValueError, match=message):
+            check_trainer(resolve("math", {"ALGO": "hrpo", **env}), cuda=False)
 
 
 @pytest.mark.parametrize("env, message", [
     ({"BETA": "abc"}, "BETA='abc'"), ({"ALGO": "ppo"}, "ALGO='ppo': must be one of"),
-    ({"MODEL": "qwen9"}, "MODEL='qwen9': not a preset"), ({"DATA_PATH": "/no/such"}, "DATA_PATH=/no/such"),
+        ({"MODEL": "qwen9"}, "MODEL='qwen9': not a preset"), ({"DATA_PATH": "/no/such"}, "DATA_PATH=/no/such"),
 ])
 def test_bad_settings_name_the_variable(env, message):
     res = launch("run_math.sh", DRY_RUN="1", **env)
@@ -105,7 +130,12 @@ def test_gsm8k_launcher_end_to_end_with_a_tiny_model_then_plot_and_case(tmp_path
     assert res.returncode == 0, res.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     assert run.name == "gsm8k-tiny-tarpo-g4-bs8-lr5e-06-beta0.005-b00-s0"
-    assert json.loads((run / "launch_config.json").read_text())["trainer"]["max_steps"] == 2
+    launched = json.loads((run / "launch_config.json").read_text())
+    assert launched["trainer"]["max_steps"] == 2
+    import torch
+    from tarpo.config import TarpoConfig
+    saved = torch.load(run / "adapter" / "training_args.bin", weights_only=False)  # the Trainer's record of the run
+    assert saved.to_dict() == TarpoConfig(**launched["trainer"], report_to="none").to_dict()  # every field
     assert (run / "adapter" / "adapter_config.json").exists() and (run / "adapter" / "router.safetensors").exists()
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(s.get("rewards/correct_gsm8k/timeouts") == 0 for s in steps if "loss" in s)  # counted, none here

@@ -119,7 +119,9 @@ def test_entropy_routing_rule(model, tokenizer):
     hard = hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask,
                            RolloutSpec(max_new_tokens=30, temperature=0.5, routing="hard"), **decode_kwargs(tokenizer))
     threshold = hard.entropy[hard.decided].median().item()
-    spec = RolloutSpec(max_new_tokens=30, temperature=0.5, routing="entropy", entropy_threshold=threshold)
+    # entropy_temperature = T_s: the recorded entropy (of softmax(z / T_s)) is the one thresholded
+    spec = RolloutSpec(max_new_tokens=30, temperature=0.5, routing="entropy", entropy_threshold=threshold,
+                       entropy_temperature=0.5)
     out = hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
     assert torch.equal(out.is_soft, out.decided & (out.entropy > threshold))
     assert out.is_soft.any() and (out.decided & ~out.is_soft).any()
