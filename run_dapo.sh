@@ -2,7 +2,7 @@
 # TARPO (or a baseline, ALGO) on DAPO-Math-17k with one GPU, then optionally the paper's evaluation
 # (out of domain: GPQA-Diamond, ARC-Challenge, HumanEval). Edit the variables below or set
 # them in the environment:   BETA=0.01 bash run_dapo.sh    MODEL=qwen2.5-7b ALGO=hrpo bash run_dapo.sh
-# An empty value means the paper's value for DAPO-Math-17k and MODEL (DESIGN §5; the values live in
+# An empty value means the paper's value for DAPO-Math-17k and MODEL (docs/algorithm.md §5; the values live in
 # tarpo/presets.py). DRY_RUN=1 prints the resolved configuration (its last line is one JSON
 # object) and exits.
 set -euo pipefail

@@ -2,7 +2,7 @@
 # TARPO (or a baseline, ALGO) on GSM8K with one GPU, then optionally the paper's evaluation
 # (GSM8K test). Edit the variables below or set
 # them in the environment:   BETA=0.01 bash run_gsm8k.sh    MODEL=qwen2.5-7b ALGO=hrpo bash run_gsm8k.sh
-# An empty value means the paper's value for GSM8K and MODEL (DESIGN §5; the values live in
+# An empty value means the paper's value for GSM8K and MODEL (docs/algorithm.md §5; the values live in
 # tarpo/presets.py). DRY_RUN=1 prints the resolved configuration (its last line is one JSON
 # object) and exits.
 set -euo pipefail

@@ -2,7 +2,7 @@
 # TARPO (or a baseline, ALGO) on MATH with one GPU, then optionally the paper's evaluation
 # (MATH with its MATH-500 subset, AMC23, OlympiadBench). Edit the variables below or set
 # them in the environment:   BETA=0.01 bash run_math.sh    MODEL=qwen2.5-7b ALGO=hrpo bash run_math.sh
-# An empty value means the paper's value for MATH and MODEL (DESIGN §5; the values live in
+# An empty value means the paper's value for MATH and MODEL (docs/algorithm.md §5; the values live in
 # tarpo/presets.py). DRY_RUN=1 prints the resolved configuration (its last line is one JSON
 # object) and exits.
 set -euo pipefail

@@ -1,10 +1,10 @@
 """Math answers graded per second with math-verify in 1 and 2 worker processes.
 
-Completions are MATH-500's reference answers (from ../shared/data when present, else a
-synthetic mix of fractions, radicals and intervals) written after the answer tag; each
-answer is graded against its gold, so every check does a full parse + verify.
+Completions are MATH-500's reference answers (from a local MATH-500 folder given as
+``--data``, else a synthetic mix of fractions, radicals and intervals) written after the
+answer tag; each answer is graded against its gold, so every check does a full parse + verify.
 
-    python benchmarks/bench_grading.py [--n 500] [--timeout 10]
+    python benchmarks/bench_grading.py [--data path/to/math500] [--n 500] [--timeout 10]
 """
 
 from __future__ import annotations
@@ -17,12 +17,9 @@ from tarpo.graders import grade_batch
 from tarpo.tasks import load_task
 from tarpo.workers import shared_pool
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "math500")
-
-
-def examples(n: int):
-    if os.path.isdir(DATA):
-        ds = list(load_task("math500", DATA, "test"))
+def examples(n: int, data: str | None):
+    if data and os.path.isdir(data):
+        ds = list(load_task("math500", data, "test"))
         source = "MATH-500 reference answers"
     else:
         golds = ["\\frac{3}{4}", "2\\sqrt{5}", "(-\\infty, 2) \\cup (3, \\infty)", "17", "\\pi/3"]
@@ -36,8 +33,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--data", help="a local MATH-500 folder (test.jsonl); default: synthetic answers")
     args = ap.parse_args()
-    completions, exs, source = examples(args.n)
+    completions, exs, source = examples(args.n, args.data)
     rates = {}
     for workers in (1, 2):
         shared_pool(workers, args.timeout)  # start the workers before timing

@@ -1,6 +1,6 @@
 """A reference-style hybrid decode loop, kept only as a speed baseline for the benchmarks.
 
-It does what the published reference code does and DESIGN §1 forbids: the soft input is
+It does what the published reference code does and docs/algorithm.md §1 forbids: the soft input is
 the full-vocabulary product ``softmax(z/T) @ E`` (O(B V d) per step instead of a gather of k
 rows), and the answer tag is found by re-decoding every row's whole completion at every
 step (O(T^2)). Routing and sampling follow :mod:`tarpo.rollout` so that the work compared is

@@ -1,4 +1,4 @@
-"""Getting the answer out of a completion (DESIGN §6).
+"""Getting the answer out of a completion (docs/algorithm.md §6).
 
 The answer is the text after the **last** answer tag. For scoring (not for the training
 reward) two fallbacks can be configured when no tag is present: the last ``\\boxed{}``

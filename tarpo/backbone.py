@@ -2,7 +2,7 @@
 
 The rollout and the trainer never call ``model(...)``: they feed ``inputs_embeds`` to the
 decoder, which returns the **normed** final hidden state ``h_t`` (the exact ``lm_head``
-input the router reads, DESIGN §1), and apply the head themselves. A PEFT model works
+input the router reads, docs/algorithm.md §1), and apply the head themselves. A PEFT model works
 unchanged: LoRA layers live inside the decoder, and ``peft_model.disable_adapter()``
 turns them off for the reference pass.
 """

@@ -4,7 +4,7 @@
         --ids test/precalculus/807.json,test/algebra/1.json --n 8 --out case.html
 
 Each question gets ``--n`` samples (one group) from the rollout engine in ``--mode``; each
-sample shows its training reward (the format rule of DESIGN §6) and its group-relative
+sample shows its training reward (the format rule of docs/algorithm.md §6) and its group-relative
 advantage. Soft steps are highlighted, the stronger the higher the router's soft
 probability; hovering a soft step shows the top-k tokens of its mixture and their weights.
 """

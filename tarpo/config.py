@@ -1,7 +1,7 @@
 """TARPO's configuration: TRL's ``GRPOConfig`` plus every knob of the method.
 
-Each field cites where its default comes from: "DESIGN §n" is ``shared/DESIGN.md`` of
-this project, "Tab. A" the paper's hyper-parameter table (Appendix A, DESIGN §5).
+Each field cites where its default comes from: "docs/algorithm.md §n" is this project's account
+of the method, "Table 6" / "Table 7" the paper's hyper-parameter and length tables (Appendix A).
 Defaults are the paper's values for Qwen2.5-1.5B/7B on MATH; the launchers override
 them per model and data set.
 """
@@ -16,9 +16,9 @@ from trl import GRPOConfig
 from .latent import HRPO_MIXTURES
 
 ROUTING_MODES = ("learned", "hard", "soft", "entropy", "hrpo", "soft_tokens")
-LATENT_ROUTINGS = ("hrpo", "soft_tokens")  # baselines whose soft steps are not a plain mixture (DESIGN §3)
+LATENT_ROUTINGS = ("hrpo", "soft_tokens")  # baselines whose soft steps are not a plain mixture (docs/algorithm.md §3)
 TOKEN_KL_MODES = ("k3", "full")
-HARD, SOFT = 0, 1  # router action indices (DESIGN §1: index 0 = hard, 1 = soft)
+HARD, SOFT = 0, 1  # router action indices (docs/algorithm.md §1: index 0 = hard, 1 = soft)
 
 
 def resolve_optimizer(name: str) -> str:
@@ -116,25 +116,25 @@ INERT = {
 
 @dataclass
 class TarpoConfig(GRPOConfig):
-    # ---- TRL/Trainer fields whose defaults are the paper's (Tab. A) ----
-    learning_rate: float = field(default=5e-6, metadata={"help": "Backbone (LoRA) LR. Paper: 5e-6 Qwen, 2e-6 Llama (Tab. A)."})
-    temperature: float = field(default=0.5, metadata={"help": "Sampling temperature T_s; log-probs are scored at it. Paper: 0.5 (Tab. A)."})
-    top_k: int = field(default=0, metadata={"help": "Top-k filter of the token policy; 0 = off, stated explicitly (DESIGN §1)."})
-    top_p: float = field(default=1.0, metadata={"help": "Top-p filter of the token policy; 1.0 = off, stated explicitly (DESIGN §1)."})
-    beta: float = field(default=0.005, metadata={"help": "beta, weight of the KL term L_KL (DESIGN §2, Tab. A)."})
-    num_generations: int | None = field(default=8, metadata={"help": "Group size G. Paper: 4 GSM8K, 8 MATH/DAPO (Tab. A)."})
-    max_completion_length: int | None = field(default=1024, metadata={"help": "Max generated units (hard + soft). Paper: 1024 GSM8K/MATH, 2048 DAPO (Tab. A)."})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay. Paper: 0.1 (Tab. A)."})
-    adam_beta2: float = field(default=0.99, metadata={"help": "AdamW beta2. Paper: 0.99 (Tab. A)."})
-    max_grad_norm: float = field(default=0.1, metadata={"help": "Gradient clipping norm. Paper: 0.1 (Tab. A)."})
-    lr_scheduler_type: str = field(default="cosine", metadata={"help": "LR schedule. Paper: cosine (Tab. A)."})
+    # ---- TRL/Trainer fields whose defaults are the paper's (Table 6) ----
+    learning_rate: float = field(default=5e-6, metadata={"help": "Backbone (LoRA) LR. Paper: 5e-6 Qwen, 2e-6 Llama (Table 6)."})
+    temperature: float = field(default=0.5, metadata={"help": "Sampling temperature T_s; log-probs are scored at it. Paper: 0.5 (Table 6)."})
+    top_k: int = field(default=0, metadata={"help": "Top-k filter of the token policy; 0 = off, stated explicitly (docs/algorithm.md §1)."})
+    top_p: float = field(default=1.0, metadata={"help": "Top-p filter of the token policy; 1.0 = off, stated explicitly (docs/algorithm.md §1)."})
+    beta: float = field(default=0.005, metadata={"help": "beta, weight of the KL term L_KL (docs/algorithm.md §2, Table 6)."})
+    num_generations: int | None = field(default=8, metadata={"help": "Group size G. Paper: 4 GSM8K, 8 MATH/DAPO (Table 6)."})
+    max_completion_length: int | None = field(default=1024, metadata={"help": "Max generated units (hard + soft). Paper: 1024 GSM8K/MATH, 2048 DAPO (Table 7)."})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay. Paper: 0.1 (Table 6)."})
+    adam_beta2: float = field(default=0.99, metadata={"help": "AdamW beta2. Paper: 0.99 (Table 6)."})
+    max_grad_norm: float = field(default=0.1, metadata={"help": "Gradient clipping norm. Paper: 0.1 (Table 6)."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "LR schedule. Paper: cosine (Table 6)."})
     warmup_steps: float = field(default=0.1, metadata={"help": "Linear warm-up: a fraction of the steps if < 1, else a "
                                                         "step count (transformers 5 has no warmup_ratio). Paper: "
-                                                        "ratio 0.1 (Tab. A)."})
-    num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs. Paper: 1 (Tab. A)."})
+                                                        "ratio 0.1 (Table 6)."})
+    num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs. Paper: 1 (Table 6)."})
     optim: str = field(
         default="paged_adamw_8bit",
-        metadata={"help": "Optimizer. Paper: 8-bit AdamW, paged_adamw_8bit (DESIGN §4). Resolved at construction: "
+        metadata={"help": "Optimizer. Paper: 8-bit AdamW, paged_adamw_8bit (docs/algorithm.md §4). Resolved at construction: "
                   "without CUDA the non-paged adamw_bnb_8bit (bitsandbytes steps CPU tensors); without a working "
                   "bitsandbytes plain adamw_torch with the same hyper-parameters."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N optimizer steps (every step by default)."})
@@ -143,7 +143,7 @@ class TarpoConfig(GRPOConfig):
     loss_type: str = field(default="grpo", metadata={"help": f"Pinned: {PINNED['loss_type'][1]}."})
     use_bias_correction_kl: bool = field(
         default=False, metadata={"help": f"Pinned: {PINNED['use_bias_correction_kl'][1]}."})
-    # ---- routing (DESIGN §1, §2 ablations, §3) ----
+    # ---- routing (docs/algorithm.md §1, §2 ablations, §3) ----
     routing: str = field(
         default="learned",
         metadata={"help": "Thinking-phase input rule. 'learned': the router samples hard/soft (TARPO); "
@@ -151,7 +151,7 @@ class TarpoConfig(GRPOConfig):
                   "(Pure Latent); 'entropy': soft iff token entropy > entropy_threshold (Entropy "
                   "Routing); 'hrpo': HRPO's gated blend of E(v_t) and the mixture at every thinking step; "
                   "'soft_tokens': the full mixture plus Gaussian noise at every thinking step (Soft Tokens). "
-                  "DESIGN §2-3."})
+                  "docs/algorithm.md §2-3."})
     entropy_threshold: float = field(
         default=0.5, metadata={"help": "Entropy (nats, of softmax(z/entropy_temperature)) above which 'entropy' "
                                        "routing goes soft. Paper: 0.5 (Sec. 4.1 baselines, Sec. 4.3 ablation)."})
@@ -164,25 +164,25 @@ class TarpoConfig(GRPOConfig):
     action_bias: list[float] = field(
         default_factory=lambda: [4.6, 0.0],
         metadata={"help": "Router bias b0 = [hard, soft]. Paper: [2.2, 0] for Qwen2.5-3B, [4.6, 0] for "
-                  "1.5B/7B/Llama (DESIGN §1, Tab. A); soft probability about 10% and 1%."})
+                  "1.5B/7B/Llama (docs/algorithm.md §1, Table 6); soft probability about 10% and 1%."})
     action_temperature: float = field(
-        default=1.0, metadata={"help": "tau_a in rho = softmax((W_r h + b_r)/tau_a). Paper: 1.0 (Tab. A)."})
+        default=1.0, metadata={"help": "tau_a in rho = softmax((W_r h + b_r)/tau_a). Paper: 1.0 (Table 6)."})
     router_init_std: float = field(
-        default=1e-3, metadata={"help": "Std of the router weight init N(0, std); 0 gives zeros (DESIGN §1)."})
+        default=1e-3, metadata={"help": "Std of the router weight init N(0, std); 0 gives zeros (docs/algorithm.md §1)."})
     router_lr: float = field(
         default=1e-4, metadata={"help": "Learning rate of the router's own parameter group. Paper: 1e-4 "
-                                        "(Qwen), 2e-6 (Llama-3.1-8B) (Tab. A)."})
+                                        "(Qwen), 2e-6 (Llama-3.1-8B) (Table 6)."})
     router_greedy: bool = field(
         default=False, metadata={"help": "Inference only: take argmax of rho instead of sampling it "
-                                         "(DESIGN §1). Training always samples."})
+                                         "(docs/algorithm.md §1). Training always samples."})
     soft_top_k: int = field(
         default=30, metadata={"help": "k of the soft mixture over top-k(z/T_s) token embeddings. Paper: 30 "
-                                      "(Tab. A)."})
+                                      "(Table 6)."})
     answer_tag: str = field(
         default="####", metadata={"help": "Text whose emission ends the thinking phase; afterwards inputs are "
-                                          "hard and no router decision is recorded (DESIGN §1, §6)."})
+                                          "hard and no router decision is recorded (docs/algorithm.md §1, §6)."})
     hrpo_c: float = field(
-        default=8.0, metadata={"help": "HRPO: c in a = exp(-c softplus(-Lambda) r) (DESIGN §3)."})
+        default=8.0, metadata={"help": "HRPO: c in a = exp(-c softplus(-Lambda) r) (docs/algorithm.md §3)."})
     hrpo_mixture: str = field(
         default="full", metadata={"help": "HRPO: the mixture m its gate blends with E(v_t). 'full': HRPO's code, "
                                           "m = (p . E) / |p|_2 over the whole vocabulary, p the distribution v_t "
@@ -198,41 +198,41 @@ class TarpoConfig(GRPOConfig):
                                         "weight_decay, as in HRPO's optimizer."})
     soft_tokens_noise_scale: float = field(
         default=0.33, metadata={"help": "Soft Tokens: noise std as a multiple of the embedding RMS, "
-                                        "sigma = 0.33 rms(E) (DESIGN §3)."})
-    # ---- objective (DESIGN §2) ----
+                                        "sigma = 0.33 rms(E) (docs/algorithm.md §3)."})
+    # ---- objective (docs/algorithm.md §2) ----
     lambda_act: float = field(
-        default=0.1, metadata={"help": "lambda, weight of the router policy-gradient term L_act (DESIGN §2)."})
+        default=0.1, metadata={"help": "lambda, weight of the router policy-gradient term L_act (docs/algorithm.md §2)."})
     alpha_action_kl: float = field(
         default=1.0, metadata={"help": "alpha, weight of the action KL(rho_theta || rho_ref) inside the KL "
-                                       "term (DESIGN §2, Tab. A)."})
+                                       "term (docs/algorithm.md §2, Table 6)."})
     token_kl: str = field(
         default="k3", metadata={"help": "Token KL estimator: 'k3' on the step's token, or 'full' exact KL over "
-                                        "the vocabulary, computed in chunks (DESIGN §2)."})
+                                        "the vocabulary, computed in chunks (docs/algorithm.md §2)."})
     detach_kl_weight: bool = field(
         default=True, metadata={"help": "Detach delta_t = rho(hard|h_t) weighting the token KL at thinking "
                                         "steps, so the router cannot lower the penalty by routing soft "
-                                        "(DESIGN §2)."})
+                                        "(docs/algorithm.md §2)."})
     advantage_eps: float = field(
-        default=1e-4, metadata={"help": "eps in A_i = (r_i - mean r) / (std r + eps) (DESIGN §2)."})
+        default=1e-4, metadata={"help": "eps in A_i = (r_i - mean r) / (std r + eps) (docs/algorithm.md §2)."})
     logprob_chunk_size: int = field(
         default=1024, metadata={"help": "Positions per chunk when scoring log-probs and the full-vocabulary KL, "
-                                        "so no full fp32 [B, T, V] tensor is ever held (DESIGN §2)."})
-    # ---- LoRA (DESIGN §4, Tab. A) ----
-    lora_r: int = field(default=32, metadata={"help": "LoRA rank. Paper: 32 (Tab. A)."})
-    lora_alpha: int = field(default=64, metadata={"help": "LoRA alpha. Paper: 64 (Tab. A)."})
+                                        "so no full fp32 [B, T, V] tensor is ever held (docs/algorithm.md §2)."})
+    # ---- LoRA (docs/algorithm.md §4, Table 6) ----
+    lora_r: int = field(default=32, metadata={"help": "LoRA rank. Paper: 32 (Table 6)."})
+    lora_alpha: int = field(default=64, metadata={"help": "LoRA alpha. Paper: 64 (Table 6)."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (0: policy and reference score identically)."})
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        metadata={"help": "Modules that get LoRA. Paper: query, key, value, dense = q, k, v, o (Tab. A); the "
+        metadata={"help": "Modules that get LoRA. Paper: query, key, value, dense = q, k, v, o (Table 6); the "
                   "authors' released scripts (TARPO's and HRPO's) also adapt gate_proj, up_proj, down_proj "
                   "(launcher: LORA_TARGETS=all-linear, tarpo.presets)."})
-    # ---- lengths (Tab. A) ----
+    # ---- lengths (Table 7) ----
     max_prompt_length: int = field(
         default=1024, metadata={"help": "Prompts longer than this many tokens are truncated from the left "
-                                        "(the start is dropped). Paper: 1024 for training (Tab. A)."})
+                                        "(the start is dropped). Paper: 1024 for training (Table 7)."})
     compact_finished_rows: bool = field(
         default=True, metadata={"help": "Drop finished rows from the decode batch and KV cache so they stop "
-                                        "costing work (DESIGN §1). Changes the random stream versus "
+                                        "costing work (docs/algorithm.md §1). Changes the random stream versus "
                                         "transformers' generate once a row ends; results stay exact."})
 
     def __post_init__(self):

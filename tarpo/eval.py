@@ -2,22 +2,22 @@
 
     tarpo eval --model Qwen/Qwen2.5-3B-Instruct --adapter runs/math/adapter --mode tarpo \\
         --tasks math,amc23,olympiadbench --system TARPO --out runs/math/eval
-    python -m tarpo.eval --model ./tiny --tasks gsm8k --data-dir ../shared/data --limit 20 --n 4 --out ev
+    python -m tarpo.eval --model ./tiny --tasks gsm8k --data-dir ./data --limit 20 --n 4 --out ev
 
 For each task it writes, in ``--out``: ``<task>.jsonl`` (one trajectory per line: question
 id, sample index, text, text with soft steps marked, placeholder tokens, actions, router
 soft probabilities, units, hard tokens, extracted answer, score), ``<task>.settings.json``
-and, when the task is complete, ``<task>.results.json`` (every metric of DESIGN §7 and the
+and, when the task is complete, ``<task>.results.json`` (every metric of docs/algorithm.md §7 and the
 provenance: model, adapter, task, n, settings, seed, grader and versions, packages, date).
 Running the same command again continues where it stopped; changed settings refuse to
 mix with an old file unless ``--restart``. For ``math`` the MATH-500 subset is reported
 from the same run when the MATH-500 ids can be loaded.
 
-Modes (DESIGN §3/§7): ``cot`` hard inputs; ``pure_latent`` soft at every thinking step;
+Modes (docs/algorithm.md §3/§7): ``cot`` hard inputs; ``pure_latent`` soft at every thinking step;
 ``entropy`` soft iff the entropy of softmax(z / ``--entropy-temperature``, default 1) exceeds
 ``--entropy-threshold``; ``tarpo`` the trained router decides; ``hard`` a trained model forced
 to hard inputs; ``hrpo`` an HRPO-trained gate blends every thinking input; ``greedy`` one argmax sample. Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
-per task from DESIGN §5.
+per task from docs/algorithm.md §5.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="base model: hub id or local folder")
     p.add_argument("--adapter", help="trained adapter folder (LoRA + router.safetensors) from the trainer")
     p.add_argument("--tasks", required=True, help=f"comma-separated task names: {', '.join(TASKS)}")
-    p.add_argument("--data-dir", help="local data root holding <task>/ folders (e.g. ../shared/data); default: the hub")
+    p.add_argument("--data-dir", help="local data root holding one <task>/ folder per task (e.g. ./data/gsm8k/test.jsonl); default: the hub")
     p.add_argument("--limit", type=int, help="first N questions of each task")
     p.add_argument("--out", required=True, help="output folder (trajectories, settings, results)")
     p.add_argument("--mode", default="tarpo", choices=list(MODES), help="inference mode (default tarpo)")
@@ -71,8 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--entropy-temperature", type=float, default=1.0,
                    help="mode entropy: the entropy is that of softmax(z / this); 1 (default): the model's own "
                         "token distribution")
-    p.add_argument("--max-prompt-length", type=int, help="default per task (DESIGN §5)")
-    p.add_argument("--max-new-tokens", type=int, help="default per task (DESIGN §5)")
+    p.add_argument("--max-prompt-length", type=int, help="default per task (docs/algorithm.md §5)")
+    p.add_argument("--max-new-tokens", type=int, help="default per task (docs/algorithm.md §5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64, help="samples decoded together (a chunk is batch/n questions)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],

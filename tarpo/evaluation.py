@@ -2,9 +2,9 @@
 
 :func:`sample` decodes ``n`` samples per question (questions x samples batched through
 :func:`tarpo.rollout.hybrid_generate`) and returns one record per sample;
-:func:`summarize` turns graded records into the metrics of DESIGN §7.
+:func:`summarize` turns graded records into the metrics of docs/algorithm.md §7.
 
-Inference modes (DESIGN §3, §7): ``cot`` and ``hard`` (hard inputs throughout; ``hard`` is a
+Inference modes (docs/algorithm.md §3, §7): ``cot`` and ``hard`` (hard inputs throughout; ``hard`` is a
 trained model forced to hard routing), ``pure_latent`` (soft at every thinking step),
 ``entropy`` (soft iff the entropy of softmax(z / ``spec.entropy_temperature``) exceeds the
 threshold), ``tarpo`` (the trained router decides), ``hrpo`` (an HRPO-trained gate blends every
@@ -115,7 +115,7 @@ def score_records(records: list[dict], examples: list[dict], **grade_kwargs) -> 
 
 
 def summarize(records: list[dict], ks=(1,), canonical: list[str] | None = None) -> dict:
-    """The metrics of DESIGN §7 from graded records (each with ``id``, ``sample``, ``score``).
+    """The metrics of docs/algorithm.md §7 from graded records (each with ``id``, ``sample``, ``score``).
 
     pass@k (unbiased) for each k in ``ks``; maj@k for each k when ``canonical`` (one
     canonical answer per record, "" = none) is given, voting over each question's first k

@@ -5,7 +5,7 @@ Every grader scores ``(completion, example) -> float`` in {0, 1}. Two modes:
 - **score** (evaluation): is the extracted answer correct? The answer is the text after
   the last answer tag, falling back (configurable) to the last ``\\boxed{}`` and then
   the last number; for code, the last fenced python block.
-- **reward** (training, DESIGN §6): 1 only if the answer tag appears exactly once *and*
+- **reward** (training, docs/algorithm.md §6): 1 only if the answer tag appears exactly once *and*
   the answer after it is correct (code: exactly one "```python" fence and the tests pass).
 
 Registry (``GRADERS``): ``math_verify`` (math-verify, gold first, in worker processes with

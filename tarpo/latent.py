@@ -1,4 +1,4 @@
-"""The latent-input baselines of DESIGN §3 that share TARPO's engine: HRPO and Soft Tokens.
+"""The latent-input baselines of docs/algorithm.md §3 that share TARPO's engine: HRPO and Soft Tokens.
 
 Both act at every thinking step (the answer phase stays hard) and both keep the sampled
 token ``v_t`` as the step's placeholder, like TARPO's soft steps.

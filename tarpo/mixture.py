@@ -1,4 +1,4 @@
-"""The one function that builds model inputs from a rollout's record (DESIGN §1).
+"""The one function that builds model inputs from a rollout's record (docs/algorithm.md §1).
 
 A hard step feeds the sampled token's embedding ``E(v_t)``. A soft step feeds
 

@@ -42,7 +42,7 @@ def lora_config(config) -> LoraConfig:
 
 
 def new_router(model, config) -> Router:
-    """A router initialised as DESIGN §1 says, on the model's device, in fp32."""
+    """A router initialised as docs/algorithm.md §1 says, on the model's device, in fp32."""
     router = Router(model.config.hidden_size, bias=config.action_bias, init_std=config.router_init_std,
                     temperature=config.action_temperature)
     return router.to(next(model.parameters()).device)

@@ -1,4 +1,4 @@
-"""The TARPO objective of DESIGN §2 as pure functions of per-step tensors.
+"""The TARPO objective of docs/algorithm.md §2 as pure functions of per-step tensors.
 
 Shapes: ``[B, T]`` per trajectory and completion step, ``[B]`` per trajectory. Masks are
 bool. Nothing here touches a model: :mod:`tarpo.scoring` produces the log-probs.
@@ -41,7 +41,7 @@ def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps
     """Per-step surrogate whose gradient is -A * grad log p.
 
     On-policy (``old_logp`` None, one gradient step per batch) it is ``-logp * A``, the
-    form of DESIGN §2. With several steps per batch it is PPO's clipped ratio form
+    form of docs/algorithm.md §2. With several steps per batch it is PPO's clipped ratio form
     ``-min(r A, clip(r, 1-eps, 1+eps_high) A)``, ``r = exp(logp - old_logp)``.
     """
     adv = advantages[:, None]
@@ -75,7 +75,7 @@ def tarpo_loss(
     token_loss_on_soft: bool = False,
     logp_latent: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The TARPO loss (DESIGN §2), averaged over the trajectories of the batch::
+    """The TARPO loss (docs/algorithm.md §2), averaged over the trajectories of the batch::
 
         L_tok_i = -(1/T_i) sum_t 1[d_t = hard] log pi(v_t|s_t) A_i
         L_act_i = -(1/T_i) sum_{t in thinking} log rho(d_t|h_t) A_i
@@ -91,7 +91,7 @@ def tarpo_loss(
     action terms vanish and delta_t = 1; soft steps still leave L_tok (their token is a
     placeholder that was never fed to the model).
 
-    The latent baselines of DESIGN §3 generalise which steps carry the policy gradient
+    The latent baselines of docs/algorithm.md §3 generalise which steps carry the policy gradient
     of L_tok: HRPO (``token_loss_on_soft``) feeds v_t blended into every input, so
     1[d_t = hard] becomes 1 at every step; Soft Tokens (``logp_latent``, [B, T]) adds
     ``1[d_t = soft] log N(u_t; mu_theta(s_t), sigma^2 I)``, the log-likelihood of the

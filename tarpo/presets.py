@@ -1,4 +1,4 @@
-"""The paper's runs as data: the one place where the launchers' defaults live (DESIGN §5).
+"""The paper's runs as data: the one place where the launchers' defaults live (docs/algorithm.md §5).
 
 A run is a data set preset (GSM8K, MATH, DAPO-Math-17k), a model preset and an algorithm;
 :func:`resolve` merges them with user overrides into the keyword arguments of
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-# ---- DESIGN §5, one row per data set: group size, completions per step, train lengths, evaluation
+# ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
 DATASETS = {
     "gsm8k": dict(task="gsm8k", num_generations=4, per_device_train_batch_size=32,
                   max_prompt_length=1024, max_completion_length=1024, eval_tasks=["gsm8k"]),
@@ -27,7 +27,7 @@ DATASETS = {
                  eval_tasks=["gpqa_diamond", "arc_challenge", "humaneval"]),
 }
 
-# ---- DESIGN §5, per model: router bias b0 and learning rates
+# ---- docs/algorithm.md §5, per model: router bias b0 and learning rates
 MODELS = {
     "qwen2.5-1.5b": dict(hub_id="Qwen/Qwen2.5-1.5B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
                          router_lr=1e-4),
@@ -40,7 +40,7 @@ MODELS = {
 }
 DEFAULT_MODEL = "qwen2.5-3b"
 
-# ---- DESIGN §3: every trained system is one routing rule of the same trainer
+# ---- docs/algorithm.md §3: every trained system is one routing rule of the same trainer
 # ``trainer``: the algorithm's own settings, as its authors run it (docs/design-notes.md, issue #13)
 ALGOS = {
     "tarpo": dict(routing="learned", eval_mode="tarpo", system="TARPO"),
@@ -56,7 +56,7 @@ ALGOS = {
     "soft_tokens": dict(routing="soft_tokens", eval_mode="hard", system="Soft Tokens"),
 }
 
-# LORA_TARGETS presets: "paper" = Tab. A's query, key, value, dense; "all-linear" = the authors' released
+# LORA_TARGETS presets: "paper" = Table 6's query, key, value, dense; "all-linear" = the authors' released
 # scripts (TARPO's tarpo_*.py and HRPO's hrpo_*.py), which also adapt the MLP projections
 LORA_TARGET_PRESETS = {
     "paper": ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -64,7 +64,7 @@ LORA_TARGET_PRESETS = {
 }
 
 
-# ---- DESIGN §5 values shared by all runs; a model without a preset gets b0 [4.6, 0] and the Qwen LRs
+# ---- docs/algorithm.md §5 values shared by all runs; a model without a preset gets b0 [4.6, 0] and the Qwen LRs
 COMMON = dict(learning_rate=5e-6, router_lr=1e-4, action_bias=[4.6, 0.0], num_train_epochs=1.0, beta=0.005, alpha_action_kl=1.0, lambda_act=0.1, temperature=0.5,
               action_temperature=1.0, soft_top_k=30, max_grad_norm=0.1, weight_decay=0.1, adam_beta2=0.99,
               lr_scheduler_type="cosine", warmup_steps=0.1, lora_r=32, lora_alpha=64,

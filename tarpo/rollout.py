@@ -1,4 +1,4 @@
-"""The hybrid decode loop of DESIGN §1: one batched forward per step, KV cache reused.
+"""The hybrid decode loop of docs/algorithm.md §1: one batched forward per step, KV cache reused.
 
 At step t every live row samples a token ``v_t ~ pi(.|s_t)``. While a row is thinking,
 a routing rule picks ``d_t``: hard feeds ``E(v_t)`` next, soft feeds the top-k mixture
@@ -11,7 +11,7 @@ is recorded exactly when a next input exists and the row is still thinking after
 step. ``Rollout.decided`` marks those steps; they are the thinking steps of the
 objective (L_act, the action KL and delta_t).
 
-The baselines of DESIGN §3 are routings of the same loop: ``hrpo`` and ``soft_tokens`` go
+The baselines of docs/algorithm.md §3 are routings of the same loop: ``hrpo`` and ``soft_tokens`` go
 soft at every thinking step and change what a soft step feeds (``latent``: HRPO's gate,
 or Soft Tokens' noisy full mixture); a full-vocabulary mixture (Soft Tokens', and HRPO's
 own ``(p · E) / ‖p‖₂``) is recorded in ``soft_inputs``. ``entropy`` routing thresholds the
@@ -86,7 +86,7 @@ class Rollout:
 
     @property
     def units(self) -> torch.Tensor:
-        """Generated units per row, hard + soft (T_i of DESIGN §2)."""
+        """Generated units per row, hard + soft (T_i of docs/algorithm.md §2)."""
         return self.completion_mask.sum(-1)
 
     @property

@@ -1,4 +1,4 @@
-"""The action head rho(.|h_t) = softmax((W_r h_t + b_r) / tau_a) of DESIGN §1.
+"""The action head rho(.|h_t) = softmax((W_r h_t + b_r) / tau_a) of docs/algorithm.md §1.
 
 ``W_r`` is [2, d] (row 0 = hard, row 1 = soft), kept in float32 whatever the backbone's
 dtype; it reads the normed final hidden state. It is saved beside the LoRA adapter as

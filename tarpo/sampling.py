@@ -1,4 +1,4 @@
-"""The token policy pi(.|s_t) = softmax(filter(z_t / T_s)) of DESIGN §1.
+"""The token policy pi(.|s_t) = softmax(filter(z_t / T_s)) of docs/algorithm.md §1.
 
 Filters run in the order of transformers' sampling (temperature, top-k, top-p) and
 with the same arithmetic, so routing ``hard`` reproduces ``model.generate`` token for

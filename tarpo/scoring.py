@@ -1,4 +1,4 @@
-"""The training forward of DESIGN §2: re-run prompt + completion with the recorded inputs.
+"""The training forward of docs/algorithm.md §2: re-run prompt + completion with the recorded inputs.
 
 Hard steps feed ``E(v_t)``, soft steps the mixture rebuilt from the recorded top-k ids
 and fp32 weights by :func:`tarpo.mixture.build_inputs_embeds` (the rollout's function),

@@ -1,4 +1,4 @@
-"""Per-row phase tracking over generated ids: thinking -> answer -> done (DESIGN §1).
+"""Per-row phase tracking over generated ids: thinking -> answer -> done (docs/algorithm.md §1).
 
 The answer tag (``####``, or "```python" for code) may be one token or span several,
 and may be split across decode steps. Each row keeps only the last ``len(tag) - 1``

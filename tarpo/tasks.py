@@ -1,7 +1,7 @@
 """The task registry: every data set of the paper, loaded from the hub or a local file.
 
 A task knows its hub id/config/split, its prompt kind (``math``, ``multiple_choice`` or
-``code``, DESIGN §6), its default grader and its evaluation lengths (DESIGN §5). Each
+``code``, docs/algorithm.md §6), its default grader and its evaluation lengths (docs/algorithm.md §5). Each
 raw record becomes one normalised example::
 
     {"id": str, "prompt": [system message, user message], "gold": str,
@@ -188,7 +188,7 @@ class Task:
     hub_id: str
     hub_config: str | None = None
     split: str = "test"
-    eval_lengths: tuple[int, int] = (512, 1024)   # max prompt / new tokens at test time (DESIGN §5)
+    eval_lengths: tuple[int, int] = (512, 1024)   # max prompt / new tokens at test time (docs/algorithm.md §5)
     id_fields: tuple[str, ...] = ("unique_id", "id", "task_id")
     generate: Callable | None = None             # split -> records, for synthetic tasks (no hub)
     local_split: str | None = None               # split name of local files if not `split` (eval-only sets)

@@ -26,7 +26,7 @@ What is overridden, and why:
 
 The router (and the gate) are registered as submodules of the PEFT model's base model, so
 the Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones.
-The router is trainable only under ``routing="learned"``; the baselines of DESIGN §3
+The router is trainable only under ``routing="learned"``; the baselines of docs/algorithm.md §3
 (``hard``, ``soft``, ``entropy``, ``hrpo``, ``soft_tokens``) are routings of the same trainer.
 """
 
@@ -122,7 +122,7 @@ class TarpoTrainer(GRPOTrainer):
                          processing_class=processing_class, peft_config=peft_config, **kwargs)
         peft_model = self.accelerator.unwrap_model(self.model)
         if "ref" in getattr(peft_model, "peft_config", {}):
-            # TRL copies a passed-in adapter as "ref"; DESIGN §2's reference is the adapter disabled.
+            # TRL copies a passed-in adapter as "ref"; docs/algorithm.md §2's reference is the adapter disabled.
             peft_model.delete_adapter("ref")
         base = unwrap(peft_model)
         router = router if router is not None else new_router(base, args)

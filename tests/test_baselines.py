@@ -1,4 +1,4 @@
-"""HRPO and Soft Tokens (DESIGN §3) in the shared engine, and every ALGO of the launchers."""
+"""HRPO and Soft Tokens (docs/algorithm.md §3) in the shared engine, and every ALGO of the launchers."""
 
 import json
 import math

@@ -29,7 +29,7 @@ def dry_run(script, **env):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-# DESIGN §5 for MATH, as a reader of the paper would write it down.
+# docs/algorithm.md §5 for MATH, as a reader of the paper would write it down.
 PAPER_MATH = dict(num_train_epochs=1.0, optim="paged_adamw_8bit", adam_beta2=0.99, weight_decay=0.1,
                   learning_rate=5e-6, router_lr=1e-4, beta=0.005, alpha_action_kl=1.0, action_temperature=1.0,
                   temperature=0.5, num_generations=8, soft_top_k=30, max_grad_norm=0.1,
