@@ -16,7 +16,9 @@ from the same run when the MATH-500 ids can be loaded.
 Modes (docs/algorithm.md §3/§7): ``cot`` hard inputs; ``pure_latent`` soft at every thinking step;
 ``entropy`` soft iff the entropy of softmax(z / ``--entropy-temperature``, default 1) exceeds
 ``--entropy-threshold``; ``tarpo`` the trained router decides; ``hard`` a trained model forced
-to hard inputs; ``hrpo`` an HRPO-trained gate blends every thinking input; ``greedy`` one argmax sample. Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
+to hard inputs; ``hrpo`` an HRPO-trained gate blends every thinking input; ``greedy`` one argmax
+sample with hard inputs; ``tarpo_greedy`` one argmax sample routed by the router's argmax (Table 3's
+Greedy column for TARPO). Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
 per task from docs/algorithm.md §5.
 """
 
@@ -33,7 +35,7 @@ from datetime import datetime, timezone
 import torch
 from tqdm.auto import tqdm
 
-from .evaluation import MODES, sample, score_records, summarize
+from .evaluation import GREEDY_MODES, MODES, ROUTER_MODES, sample, score_records, summarize
 from .files import write_json_atomic
 from .graders import canonical_answers, grader_versions
 from .latent import HRPO_WEIGHTS
@@ -45,7 +47,7 @@ from .tasks import TASKS, load_task
 from .trajectories import TrajectoryFile
 
 SYSTEM_NAMES = {"cot": "CoT", "pure_latent": "Pure Latent", "entropy": "Entropy-Routed", "tarpo": "TARPO",
-                "hard": "TARPO (hard inputs)", "hrpo": "HRPO", "greedy": "Greedy"}
+                "hard": "TARPO (hard inputs)", "hrpo": "HRPO", "greedy": "Greedy", "tarpo_greedy": "TARPO"}
 PACKAGES = ("tarpo", "torch", "transformers", "peft", "trl", "math-verify")
 
 
@@ -95,8 +97,8 @@ def check_system(adapter: str | None, mode: str) -> None:
     """The adapter folder holds what the inference mode needs (checked before loading)."""
     if adapter is not None and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
         raise ValueError(f"--adapter {adapter}: no adapter_config.json there (not a saved adapter)")
-    if mode == "tarpo" and not (adapter and os.path.isfile(os.path.join(adapter, ROUTER_WEIGHTS))):
-        raise ValueError(f"--mode tarpo needs a trained router: --adapter must hold {ROUTER_WEIGHTS}")
+    if mode in ROUTER_MODES and not (adapter and os.path.isfile(os.path.join(adapter, ROUTER_WEIGHTS))):
+        raise ValueError(f"--mode {mode} needs a trained router: --adapter must hold {ROUTER_WEIGHTS}")
     if mode == "hrpo" and not (adapter and os.path.isfile(os.path.join(adapter, HRPO_WEIGHTS))):
         raise ValueError(f"--mode hrpo needs a trained HRPO gate: --adapter must hold {HRPO_WEIGHTS}")
 
@@ -109,11 +111,13 @@ def check_arguments(args) -> None:
         raise ValueError(f"--tasks: unknown task {', '.join(unknown) or '(none)'}; known tasks: {', '.join(TASKS)}")
     args.task_list = tasks
     if args.n is None:
-        args.n = 1 if args.mode == "greedy" else 32
+        args.n = 1 if args.mode in GREEDY_MODES else 32
     if args.n < 1:
         raise ValueError(f"--n {args.n}: need at least one sample per question")
-    if args.mode == "greedy" and args.n != 1:
-        raise ValueError(f"--n {args.n}: mode greedy takes one argmax sample per question (use --n 1)")
+    if args.mode in GREEDY_MODES and args.n != 1:
+        raise ValueError(f"--n {args.n}: mode {args.mode} takes one argmax sample per question (use --n 1)")
+    if args.mode == "tarpo_greedy":
+        args.router_argmax = True
     args.ks = _ks(args)
     check_system(args.adapter, args.mode)
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
@@ -174,7 +178,7 @@ def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "a
     if router is not None and action_temperature is not None:
         router.temperature = action_temperature
     gate = load_gate(adapter, device) if mode == "hrpo" else None
-    return model, (router if mode == "tarpo" else None), gate, tokenizer, device
+    return model, (router if mode in ROUTER_MODES else None), gate, tokenizer, device
 
 
 def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, router, gate, tokenizer,

@@ -8,7 +8,9 @@ Inference modes (docs/algorithm.md §3, §7): ``cot`` and ``hard`` (hard inputs 
 trained model forced to hard routing), ``pure_latent`` (soft at every thinking step),
 ``entropy`` (soft iff the entropy of softmax(z / ``spec.entropy_temperature``) exceeds the
 threshold), ``tarpo`` (the trained router decides), ``hrpo`` (an HRPO-trained gate blends every
-thinking input) and ``greedy`` (argmax tokens, hard inputs, one sample).
+thinking input), ``greedy`` (argmax tokens, hard inputs, one sample) and ``tarpo_greedy``
+(argmax tokens and argmax routing by the trained router, one sample: the Greedy column of the
+paper's Table 3 for TARPO; the paper does not define it further).
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ from .tagging import token_piece_fn
 from .prompts import encode_prompts
 
 MODES = {"cot": "hard", "hard": "hard", "pure_latent": "soft", "entropy": "entropy", "tarpo": "learned",
-         "hrpo": "hrpo", "greedy": "hard"}
+         "hrpo": "hrpo", "greedy": "hard", "tarpo_greedy": "learned"}
+GREEDY_MODES = ("greedy", "tarpo_greedy")  # one deterministic sample per question
+ROUTER_MODES = ("tarpo", "tarpo_greedy")   # need the trained router
 
 
 def spec_for_mode(mode: str, spec: RolloutSpec) -> RolloutSpec:
     if mode not in MODES:
         raise ValueError(f"unknown inference mode {mode!r}; known: {', '.join(MODES)}")
-    return replace(spec, routing=MODES[mode], greedy=mode == "greedy")
+    greedy = mode in GREEDY_MODES
+    return replace(spec, routing=MODES[mode], greedy=greedy, router_greedy=spec.router_greedy or mode == "tarpo_greedy")
 
 
 @torch.no_grad()
@@ -41,8 +46,8 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
     """``n`` samples for each example (:func:`trajectory_fields` plus question id and sample
     index); ``generator`` (optional) drives all sampling, else torch's global RNG.
     ``soft_detail`` > 0 adds each soft step's top mixture entries (``soft_top``)."""
-    if mode == "tarpo" and router is None:
-        raise ValueError("mode 'tarpo' needs a trained router")
+    if mode in ROUTER_MODES and router is None:
+        raise ValueError(f"mode {mode!r} needs a trained router")
     if mode == "hrpo" and gate is None:
         raise ValueError("mode 'hrpo' needs a trained HRPO gate")
     spec = spec_for_mode(mode, spec)

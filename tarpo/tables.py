@@ -14,7 +14,8 @@ in percent, SD a fraction, #Tok mean generated units (hard + soft), a CI ``[low,
 Where our numbers come from: P@k and M@k are ``pass@k``/``maj@k`` of a results file (so
 P@32 and M@32 need ``--n 32``); SD is ``accuracy_sd``; the CI is ``accuracy_mean`` ±
 ``accuracy_ci95``; #Tok is ``units``; Greedy (Table 3) is ``pass@1`` of a ``--mode greedy``
-run given the row's ``--system`` (greedy and sampled runs of one system sit side by side).
+run (TARPO: ``--mode tarpo_greedy``, argmax tokens and routing) given the row's ``--system``
+(greedy and sampled runs of one system sit side by side).
 A MATH500 column takes a ``math500`` results file, or else the MATH-500 subset of the
 ``math`` run. Average columns average the row's benchmarks when all are present. The
 ablation rows are the systems ``GRPO w/ Pure Latent`` and ``GRPO w/ Entropy Routing``;
@@ -31,6 +32,8 @@ import json
 import os
 
 from . import paper
+
+GREEDY_MODES = ("greedy", "tarpo_greedy")  # = tarpo.evaluation.GREEDY_MODES (that module imports torch)
 from .files import write_text_atomic
 
 DASH = "–"
@@ -47,7 +50,8 @@ def load_results(folder: str) -> dict[tuple[str, str, str, str], dict]:
         with open(path) as f:
             res = json.load(f)
         try:
-            key = (res["system"], res["model_name"], res["task"], "greedy" if res.get("mode") == "greedy" else "sampled")
+            kind = "greedy" if res.get("mode") in GREEDY_MODES else "sampled"
+            key = (res["system"], res["model_name"], res["task"], kind)
         except KeyError as exc:
             raise ValueError(f"{path}: not a tarpo eval results file (no {exc.args[0]!r})") from None
         if key in found:

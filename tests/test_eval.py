@@ -134,3 +134,23 @@ def test_a_changed_setting_refuses_to_mix_with_an_old_file(tiny, tmp_path, capsy
     assert (tmp_path / "gsm8k.jsonl").read_bytes() == before
     assert cli([*eval_args(tiny, tmp_path, "--limit", "2"), "--n", "2", "--restart"]) == 0
     assert len(lines(tmp_path / "gsm8k.jsonl")) == 4
+
+
+@needs_data
+def test_tarpo_greedy_is_one_deterministic_sample_routed_by_the_routers_argmax(tiny, tmp_path):
+    from tarpo import tables
+    from tarpo.evaluation import GREEDY_MODES, spec_for_mode
+    from tarpo.rollout import RolloutSpec
+    spec = spec_for_mode("tarpo_greedy", RolloutSpec(max_new_tokens=4))
+    assert (spec.routing, spec.greedy, spec.router_greedy) == ("learned", True, True)
+    assert tables.GREEDY_MODES == GREEDY_MODES
+    runs = []
+    for name in ("a", "b"):
+        args = eval_args(tiny, tmp_path / name, "--mode", "tarpo_greedy", "--limit", "5")
+        args[args.index("--n") + 1] = "1"
+        assert cli(args) == 0
+        runs.append(lines(tmp_path / name / "gsm8k.jsonl"))
+    assert len(runs[0]) == 5 and [r["tokens"] for r in runs[0]] == [r["tokens"] for r in runs[1]]
+    assert any("s" in r["actions"] for r in runs[0])  # the 50/50 router's argmax still routes soft somewhere
+    settings = json.load(open(tmp_path / "a" / "gsm8k.settings.json"))
+    assert settings["router"] == "argmax" and settings["mode"] == "tarpo_greedy"
