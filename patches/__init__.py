@@ -22,6 +22,7 @@ Use: ``tarpo.modeling`` calls :func:`apply` right after ``FastLanguageModel.get_
 
 from __future__ import annotations
 
+from ..backbone import unwrap
 from .targets import EXPECTED_VERSIONS, PatchError, check, check_source, check_versions  # noqa: F401
 
 
@@ -40,5 +41,5 @@ def apply(model) -> None:
     check()
     decode_hidden.apply(model)
     training_forward.apply(model)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrap(model)
     setattr(base, BACKEND_MARKER, "unsloth")

@@ -17,11 +17,13 @@ hidden-state forward wrapper off the instance. After each decode step the hidden
 
 from __future__ import annotations
 
+from ..backbone import unwrap
+
 
 def apply(model) -> None:
     import unsloth.models.llama as unsloth_llama
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrap(model)
     cls = type(base)
     if getattr(cls.forward, "_tarpo_decode_hidden", False):
         return

@@ -11,9 +11,11 @@ flag once and :class:`tarpo.hooks.UnslothBackbone` clears the second before each
 
 from __future__ import annotations
 
+from ..backbone import unwrap
+
 
 def apply(model) -> None:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = unwrap(model)
     decoder = base.get_decoder()
     decoder._unsloth_keep_padding_mask = True
     decoder._has_no_labels = False

@@ -20,6 +20,7 @@ of a finished run that there is nothing to do.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -142,29 +143,38 @@ def publish(staged: str, final: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def staged_save(trainer, staging: str, what: str, parent: str):
+    """Run a save into the temporary folder ``staging``, which starts empty (what a killed save
+    left is removed). On an error it is removed again, and a full disk raises :class:`DiskFull`
+    naming ``what`` and ``parent``. Yields whether this process writes (the main one)."""
+    main = trainer.args.should_save
+    if main:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    try:
+        yield main
+    except Exception as exc:
+        full = is_disk_full(exc, parent)
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+        if full:
+            raise DiskFull(what, parent, exc) from exc
+        raise
+
+
 def save_final(trainer, folder: str) -> str:
     """Save the trainer's adapter and router into ``folder`` (the run's ``adapter/``) atomically, with
     :data:`FINAL_STATE`; a full disk raises :class:`DiskFull` and leaves ``folder`` as it was."""
     parent, name = os.path.split(os.path.abspath(folder))
     staged = staging_folder(parent, name)
-    main = trainer.args.should_save
-    if main:
-        shutil.rmtree(staged, ignore_errors=True)
-    trainer.accelerator.wait_for_everyone()
-    try:
+    with staged_save(trainer, staged, name, parent) as main:
         trainer.save_model(staged)
         if main:
             state = trainer.state
             with open(os.path.join(staged, FINAL_STATE), "w") as f:
                 json.dump({"global_step": state.global_step, "max_steps": state.max_steps,
                            "num_train_epochs": state.num_train_epochs}, f, indent=1)
-    except Exception as exc:
-        full = is_disk_full(exc, parent)
-        if main:
-            shutil.rmtree(staged, ignore_errors=True)
-        if full:
-            raise DiskFull(name, parent, exc) from exc
-        raise
     trainer.accelerator.wait_for_everyone()
     if main:
         publish(staged, folder)

@@ -306,33 +306,24 @@ class TarpoTrainer(GRPOTrainer):
         run_dir = super()._get_output_dir(trial=trial)
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         staging = checkpoints.staging_folder(run_dir, name)
-        staged, main = os.path.join(staging, name), self.args.should_save
-        if main:
-            shutil.rmtree(staging, ignore_errors=True)  # what a killed save of this step left
-        self.accelerator.wait_for_everyone()
-        self._checkpoint_staging = staging
-        try:
-            # the Trainer's sequence into the temporary folder: adapter, optimizer, scheduler, RNG state,
-            # trainer_state.json (its rotation sees only this checkpoint there); then the router and the rest
-            super()._save_checkpoint(model, trial)
-            self._save_router(staged)
-            best = self.state.best_model_checkpoint
-            if best is not None and os.path.abspath(best).startswith(os.path.abspath(staging) + os.sep):
-                self.state.best_model_checkpoint = os.path.join(run_dir, name)
+        staged = os.path.join(staging, name)
+        with checkpoints.staged_save(self, staging, name, run_dir) as main:
+            self._checkpoint_staging = staging
+            try:
+                # the Trainer's sequence into the temporary folder: adapter, optimizer, scheduler, RNG state,
+                # trainer_state.json (its rotation sees only this checkpoint there); then the router and the rest
+                super()._save_checkpoint(model, trial)
+                self._save_router(staged)
+                best = self.state.best_model_checkpoint
+                if best is not None and os.path.abspath(best).startswith(os.path.abspath(staging) + os.sep):
+                    self.state.best_model_checkpoint = os.path.join(run_dir, name)
+                    if main:
+                        self.state.save_to_json(os.path.join(staged, TRAINER_STATE_NAME))
+                self.accelerator.wait_for_everyone()  # every process's files (rng_state_<rank>.pth) are written
                 if main:
-                    self.state.save_to_json(os.path.join(staged, TRAINER_STATE_NAME))
-            self.accelerator.wait_for_everyone()  # every process's files (rng_state_<rank>.pth) are written
-            if main:
-                checkpoints.write_manifest(staged)
-        except Exception as exc:
-            full = checkpoints.is_disk_full(exc, run_dir)
-            if main:
-                shutil.rmtree(staging, ignore_errors=True)
-            if full:
-                raise checkpoints.DiskFull(name, run_dir, exc) from exc
-            raise
-        finally:
-            self._checkpoint_staging = None
+                    checkpoints.write_manifest(staged)
+            finally:
+                self._checkpoint_staging = None
         if main:
             checkpoints.publish(staged, os.path.join(run_dir, name))
             shutil.rmtree(staging, ignore_errors=True)
