@@ -18,6 +18,7 @@ from .latent import HRPO_MIXTURES
 ROUTING_MODES = ("learned", "hard", "soft", "entropy", "hrpo", "soft_tokens")
 LATENT_ROUTINGS = ("hrpo", "soft_tokens")  # baselines whose soft steps are not a plain mixture (docs/algorithm.md §3)
 TOKEN_KL_MODES = ("k3", "full")
+ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.rollout, tarpo.static_decode)
 HARD, SOFT = 0, 1  # router action indices (docs/algorithm.md §1: index 0 = hard, 1 = soft)
 
 
@@ -230,6 +231,14 @@ class TarpoConfig(GRPOConfig):
     max_prompt_length: int = field(
         default=1024, metadata={"help": "Prompts longer than this many tokens are truncated from the left "
                                         "(the start is dropped). Paper: 1024 for training (Table 7)."})
+    rollout_engine: str = field(
+        default="auto", metadata={"help": "Decode engine of the rollouts: 'eager', the reference loop (any backend; "
+                                          "with BACKEND=unsloth it is Unsloth's fast decode path); 'compiled', one "
+                                          "static-shape step under torch.compile (CUDA graphs on CUDA), transformers "
+                                          "backend only (tarpo.static_decode); 'auto', compiled on the transformers "
+                                          "backend (1.6x the eager engine on CPU, benchmarks/bench_rollout.py), eager "
+                                          "with Unsloth. Engines draw different random streams: same settings, "
+                                          "other samples."})
     compact_finished_rows: bool = field(
         default=True, metadata={"help": "Drop finished rows from the decode batch and KV cache so they stop "
                                         "costing work (docs/algorithm.md §1). Changes the random stream versus "
@@ -279,6 +288,8 @@ class TarpoConfig(GRPOConfig):
             bad("max_completion_length", "must be >= 1")
         if self.logprob_chunk_size < 1:
             bad("logprob_chunk_size", "must be >= 1")
+        if self.rollout_engine not in ENGINES:
+            bad("rollout_engine", f"must be one of {', '.join(ENGINES)}")
         if not self.answer_tag:
             bad("answer_tag", "must be a non-empty string")
         if self.hrpo_c <= 0:

@@ -126,9 +126,11 @@ class GaussianSoftTokens:
         the product runs in ``E``'s dtype, so no fp32 copy of ``E`` is made)."""
         return (torch.softmax(scaled_logits.float(), dim=-1).to(embedding.dtype) @ embedding).float()
 
-    def sample(self, scaled_logits, embedding, generator=None) -> torch.Tensor:
+    def sample(self, scaled_logits, embedding, generator=None, noise=None) -> torch.Tensor:
+        """``mean + sigma * noise``; ``noise``: pre-drawn standard normals, else drawn from ``generator``."""
         mu = self.mean(scaled_logits, embedding)
-        noise = torch.randn(mu.shape, device=mu.device, generator=generator, dtype=torch.float32)
+        if noise is None:
+            noise = torch.randn(mu.shape, device=mu.device, generator=generator, dtype=torch.float32)
         return mu + self.sigma * noise
 
     def log_likelihood(self, inputs: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:

@@ -9,11 +9,15 @@ together with ``E(v_t)`` (:class:`tarpo.latent.HrpoGate`); by default that mixtu
 full-vocabulary ``(p · E) / ‖p‖₂`` (:func:`normalised_full_mixture`), which the rollout records
 in ``soft_inputs``; Soft Tokens feed the recorded noisy full mixture (``soft_inputs``) as it is.
 
-The rollout calls :func:`build_inputs_embeds` once per decode step with ``[B]``-shaped
-records, the trainer once per batch with ``[B, T]``-shaped ones: the same ids and fp32
-weights (or the same recorded fp32 mixtures) give bit-identical inputs. Rebuilding a top-k
-mixture gathers only k rows of ``E`` per soft step; a full-vocabulary mixture is computed
-once, at sampling time, and recorded (d floats per step).
+Every top-k mixture, in either rollout engine and in training, is :func:`topk_mixture`: an
+elementwise product summed over k, so a row's mixture is computed alone, the same whatever
+the batch size and whichever other rows are soft. The eager rollout calls
+:func:`build_inputs_embeds` once per decode step with ``[B]``-shaped records (mixing only the
+soft rows), the compiled one mixes every row and picks with ``torch.where``
+(:mod:`tarpo.static_decode`), the trainer calls :func:`build_inputs_embeds` once per batch with
+``[B, T]``-shaped records: the same ids and fp32 weights (or the same recorded fp32 mixtures)
+give the same inputs. Rebuilding a top-k mixture gathers only k rows of ``E`` per soft step; a
+full-vocabulary mixture is computed once, at sampling time, and recorded (d floats per step).
 """
 
 from __future__ import annotations
@@ -32,6 +36,18 @@ def soft_topk(scaled_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """
     values, ids = torch.topk(scaled_logits.float(), k, dim=-1)
     return ids, torch.softmax(values, dim=-1)
+
+
+def topk_mixture(embedding: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``u = sum_i w[i] * E(K[i])`` in fp32 for ids and weights of shape [*S, k] -> [*S, d].
+
+    An elementwise product, then a sum over k: each row is reduced on its own, so its value
+    does not depend on the other rows (a batched matmul's blocking can).
+
+        >>> topk_mixture(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([[0, 1]]), torch.tensor([[0.25, 0.75]]))
+        tensor([[0.2500, 1.5000]])
+    """
+    return (weights.float()[..., None] * embedding[ids].float()).sum(-2)
 
 
 def normalised_full_mixture(filtered_scores: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
@@ -55,7 +71,7 @@ def build_inputs_embeds(
     soft_ids: torch.Tensor,
     soft_weights: torch.Tensor,
     is_soft: torch.Tensor,
-    chunk_size: int = 4096,
+    chunk_size: int = 1024,
     gate=None,
     soft_inputs: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -66,7 +82,8 @@ def build_inputs_embeds(
         token_ids: sampled ids ``v_t`` [*S] (placeholders at soft steps).
         soft_ids, soft_weights: top-k ids [*S, k] and fp32 weights [*S, k]; read only where soft.
         is_soft: bool [*S], the router's action ``d_t == soft``.
-        chunk_size: soft positions mixed at a time, bounding the [n, k, d] gather.
+        chunk_size: soft positions mixed at a time, bounding the fp32 [n, k, d] gather (k = 30,
+            d = 2048: 250 MB a chunk).
         gate: HRPO's gate; soft positions then get ``gate(E(v_t), mixture)``.
         soft_inputs: [*S, d] recorded fp32 mixtures of soft positions, used instead of the top-k
             ones: fed as they are (Soft Tokens) or through ``gate`` (HRPO's full mixture).
@@ -81,11 +98,9 @@ def build_inputs_embeds(
     if soft_inputs is not None:
         mixed = soft_inputs[where].float()
     else:
-        ids, weights = soft_ids[where], soft_weights[where].float()
-        mixed = torch.cat([
-            torch.einsum("nk,nkd->nd", weights[s:s + chunk_size], embedding[ids[s:s + chunk_size]].float())
-            for s in range(0, ids.shape[0], chunk_size)
-        ])
+        ids, weights = soft_ids[where], soft_weights[where]
+        mixed = torch.cat([topk_mixture(embedding, ids[s:s + chunk_size], weights[s:s + chunk_size])
+                           for s in range(0, ids.shape[0], chunk_size)])
     if gate is not None:
         mixed = gate(out[where], mixed)
     out[where] = mixed.to(out.dtype)

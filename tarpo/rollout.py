@@ -27,9 +27,9 @@ import torch
 from transformers import DynamicCache
 
 from .backbone import Backbone, positions_from_mask
-from .config import ROUTING_MODES
+from .config import ENGINES, ROUTING_MODES
 from .mixture import build_inputs_embeds, normalised_full_mixture, soft_topk
-from .sampling import filter_logits, logprobs_and_entropy, sample_tokens
+from .sampling import StepNoise, filter_logits, gumbel_argmax, logprobs_and_entropy, sample_tokens
 from .tagging import TagTracker
 
 
@@ -48,9 +48,12 @@ class RolloutSpec:
     router_greedy: bool = False
     greedy: bool = False  # argmax tokens (evaluation's greedy accuracy)
     answer_tag: str = "####"
-    compact_finished_rows: bool = True
+    compact_finished_rows: bool = True  # eager engine only; the compiled one keeps a fixed batch
+    engine: str = "eager"  # "eager" (the reference, any backbone), "compiled" (tarpo.static_decode) or "auto"
 
     def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"RolloutSpec.engine={self.engine!r}: must be one of {ENGINES}")
         if self.routing not in ROUTING_MODES:
             raise ValueError(f"RolloutSpec.routing={self.routing!r}: must be one of {ROUTING_MODES}")
         if self.entropy_temperature <= 0:
@@ -58,9 +61,10 @@ class RolloutSpec:
 
     @classmethod
     def from_config(cls, config, **overrides) -> "RolloutSpec":
-        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy"}
+        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy", "engine"}
         kwargs = {n: getattr(config, n) for n in names}
         kwargs["max_new_tokens"] = config.max_completion_length
+        kwargs["engine"] = config.rollout_engine
         kwargs.update(overrides)
         return cls(**kwargs)
 
@@ -97,9 +101,41 @@ class Rollout:
         return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
-def _route(spec, router, hidden, entropy, decide, generator):
+def resolve_engine(engine: str, backbone) -> str:
+    """``"auto"`` -> ``"compiled"`` for a backbone that feeds ``inputs_embeds`` to the transformers
+    decoder, ``"eager"`` for one with its own decode path (Unsloth's, :mod:`tarpo.hooks`)."""
+    if engine != "auto":
+        return engine
+    own_path = type(backbone).hidden is not Backbone.hidden or getattr(backbone, "fixed_batch", False)
+    return "eager" if own_path else "compiled"
+
+
+def engine_for_backend(engine: str, backend: str, setting: str = "rollout_engine") -> str:
+    """The engine a run will use, known before the model loads (``backend``: ``hf`` or ``unsloth``,
+    as :func:`tarpo.modeling.resolve_backend` returns); a compiled engine on Unsloth is refused,
+    naming ``setting``.
+
+        >>> engine_for_backend("auto", "hf"), engine_for_backend("auto", "unsloth")
+        ('compiled', 'eager')
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"{setting}={engine!r}: must be one of {', '.join(ENGINES)}")
+    if backend == "unsloth" and engine == "compiled":
+        raise ValueError(f"{setting}=compiled runs the transformers decoder with a static cache; Unsloth replaces "
+                         "that decoder process-wide: use the eager engine (Unsloth's decode path) or the hf backend")
+    return engine if engine != "auto" else ("eager" if backend == "unsloth" else "compiled")
+
+
+def noise_kinds(spec: RolloutSpec) -> tuple[bool, bool, bool]:
+    """Which noise a step draws (:class:`tarpo.sampling.StepNoise`): token uniforms, router uniforms,
+    Soft Tokens' normals."""
+    return (not spec.greedy, spec.routing == "learned" and not spec.router_greedy, spec.routing == "soft_tokens")
+
+
+def _route(spec, router, hidden, entropy, decide, generator, uniforms=None):
     """d_t (bool, True = soft) and rho(soft|h_t) for the rows in ``decide``; ``entropy`` is the
-    routing entropy (at ``spec.entropy_temperature``)."""
+    routing entropy (at ``spec.entropy_temperature``); ``uniforms``: the step's pre-drawn router
+    noise (else ``generator`` draws)."""
     p_soft = torch.zeros_like(entropy)
     if spec.routing == "hard":
         return torch.zeros_like(decide), p_soft
@@ -111,7 +147,9 @@ def _route(spec, router, hidden, entropy, decide, generator):
     if spec.router_greedy:
         soft = p_soft > 0.5
     else:
-        soft = torch.rand(p_soft.shape, device=p_soft.device, generator=generator) < p_soft
+        if uniforms is None:
+            uniforms = torch.rand(p_soft.shape, device=p_soft.device, generator=generator)
+        soft = uniforms < p_soft
     return decide & soft, torch.where(decide, p_soft, torch.zeros_like(p_soft))
 
 
@@ -127,8 +165,14 @@ def hybrid_generate(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     latent=None,
+    noise_seed: int | None = None,
 ) -> Rollout:
     """Decode a batch of left-padded prompts with per-step hard/soft inputs.
+
+    ``spec.engine`` picks the engine: ``"eager"``, this module's loop, the reference;
+    ``"compiled"``, :mod:`tarpo.static_decode` (the transformers backend only); ``"auto"``,
+    compiled where the backbone feeds ``inputs_embeds`` to the transformers decoder, else eager
+    (:func:`resolve_engine`).
 
     Args:
         backbone: the policy (:class:`Backbone`).
@@ -136,6 +180,10 @@ def hybrid_generate(
         piece: token id -> text, drives the answer-tag tracker (:func:`tagging.token_piece_fn`).
         eos_token_ids: ids that end a row.
         generator: optional RNG; ``None`` uses torch's global stream like ``generate``.
+        noise_seed: draw every step's randomness from :class:`tarpo.sampling.StepNoise` seeded with
+            it: both engines then draw the same trajectory. The compiled engine always draws this
+            way; without ``noise_seed`` it takes its seed from ``generator`` (or torch's stream).
+            The eager engine without it samples with ``torch.multinomial``, as ``generate`` does.
         latent: :class:`tarpo.latent.HrpoGate` (routing ``hrpo``) or
             :class:`tarpo.latent.GaussianSoftTokens` (routing ``soft_tokens``).
     """
@@ -143,16 +191,30 @@ def hybrid_generate(
         raise ValueError("routing='learned' needs a router")
     if spec.routing in ("hrpo", "soft_tokens") and latent is None:
         raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise)")
+    engine = resolve_engine(spec.engine, backbone)
+    if engine == "compiled" or noise_seed is not None:
+        if noise_seed is None:
+            noise_seed = int(torch.randint(2 ** 62, (), generator=generator,
+                                           device=generator.device if generator is not None else "cpu"))
+    if engine == "compiled":
+        from .static_decode import compiled_generate
+        return compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids,
+                                 pad_token_id, noise_seed, latent=latent)
     gaussian = spec.routing == "soft_tokens"
     gate = latent if spec.routing == "hrpo" else None
     compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False)
+    noise = None
+    if noise_seed is not None:
+        noise = StepNoise(noise_seed, prompt_ids.shape[0], backbone.lm_head.weight.shape[0],
+                          backbone.embed_weight.shape[1], device=prompt_ids.device, **dict(zip(
+                              ("tokens", "route", "gaussian"), noise_kinds(spec))))
     with backbone.decoding():
         return _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
-                       generator, latent, gaussian, gate, compact)
+                       generator, latent, gaussian, gate, compact, noise)
 
 
 def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id, generator,
-            latent, gaussian, gate, compact) -> Rollout:
+            latent, gaussian, gate, compact, noise) -> Rollout:
     device = prompt_ids.device
     B, T, k = prompt_ids.shape[0], spec.max_new_tokens, spec.soft_top_k
     E = backbone.embed_weight
@@ -189,7 +251,11 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         steps = t + 1
         logits = backbone.logits(hidden).float()
         filtered = filter_logits(logits, spec.temperature, spec.top_k, spec.top_p)
-        tokens = sample_tokens(filtered, spec.greedy, generator)
+        u_tok, u_route, gauss = noise.draw() if noise is not None else (None, None, None)
+        if u_tok is not None:
+            tokens = gumbel_argmax(filtered, u_tok[rows])
+        else:
+            tokens = sample_tokens(filtered, spec.greedy, generator)
         scaled = logits / spec.temperature
         logp_all, entropy = logprobs_and_entropy(scaled)
         route_entropy = entropy
@@ -202,7 +268,8 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         thinking = torch.tensor([tracker.thinking[r] for r in rows.tolist()], device=device)
         is_eos = torch.isin(tokens, eos)
         decide = alive & thinking & ~is_eos & (t < T - 1)
-        soft, p_soft = _route(spec, router, hidden, route_entropy, decide, generator)
+        soft, p_soft = _route(spec, router, hidden, route_entropy, decide, generator,
+                              u_route[rows] if u_route is not None else None)
 
         rec["token_ids"][live_rows, t] = live_tokens
         rec["completion_mask"][live_rows, t] = True
@@ -213,7 +280,7 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         rec["logp"][live_rows, t] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)[alive]
         soft_ids = soft_w = mixed = None
         if soft.any() and gaussian:
-            mixed = latent.sample(scaled[soft], E, generator)
+            mixed = latent.sample(scaled[soft], E, generator, gauss[rows[soft]] if gauss is not None else None)
             rec["soft_inputs"][rows[soft], t] = mixed
         elif soft.any() and full_mix:  # HRPO: p is the distribution v_t was drawn from
             mixed = normalised_full_mixture(filtered[soft], E)

@@ -15,6 +15,7 @@ never re-decoded.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 
@@ -40,10 +41,16 @@ class TagTracker:
         return done_now
 
 
+_PIECE_FNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def token_piece_fn(tokenizer) -> Callable[[int], str]:
     """Text of one token id, memoised (a token's text never depends on its neighbours
     for an ASCII tag; byte-level pieces of multi-byte characters decode to U+FFFD, which
-    never matches a tag)."""
+    never matches a tag). One function per tokenizer, so what is built from it once (the
+    tag automaton of :mod:`tarpo.static_decode`) is found again."""
+    if tokenizer in _PIECE_FNS:
+        return _PIECE_FNS[tokenizer]
     cache: dict[int, str] = {}
 
     def piece(tok: int) -> str:
@@ -52,4 +59,5 @@ def token_piece_fn(tokenizer) -> Callable[[int], str]:
             s = cache[tok] = tokenizer.decode([tok], skip_special_tokens=False)
         return s
 
+    _PIECE_FNS[tokenizer] = piece
     return piece

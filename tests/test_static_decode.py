@@ -1,0 +1,181 @@
+"""The compiled engine (tarpo.static_decode) against the eager one, given the same noise.
+
+Both engines run on tiny Qwen2 and Llama models (grouped K/V heads), left-padded prompts,
+logits biased so that rows end at different steps and write the answer tag split across
+steps, as one token and inside a token. Every routing mode is covered.
+"""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from helpers import BiasedBackbone, encode_prompts
+from tarpo.backbone import Backbone
+from tarpo.latent import GaussianSoftTokens, HrpoGate
+from tarpo.mixture import topk_mixture
+from tarpo.rollout import RolloutSpec, hybrid_generate
+from tarpo.router import Router
+from tarpo.sampling import StepNoise, gumbel_argmax
+from tarpo.scoring import score_rollout
+from tarpo.static_decode import grouped_decode_attention
+from tarpo.tagging import token_piece_fn
+
+PROMPTS = ["what is 2+3?", "hi", "a longer prompt, with padding", "x"]
+EXACT = ("token_ids", "completion_mask", "is_soft", "decided", "soft_ids", "ended_with_eos")
+CLOSE = ("soft_weights", "p_soft", "entropy", "logp", "soft_inputs")
+
+
+def tag_world(tokenizer, model):
+    """A piece function where "x" reads "x####y" (the tag inside a token), and logit biases that
+    make "#", "##", "x" and EOS likely: tags split over steps, whole, inside a token; rows end
+    at different steps."""
+    base = token_piece_fn(tokenizer)
+    x = tokenizer.convert_tokens_to_ids("x")
+
+    def piece(tok):
+        return "x####y" if tok == x else base(tok)
+
+    bias = torch.zeros(model.config.vocab_size)
+    for tok, b in (("#", 2.5), ("##", 1.5), ("x", 0.5), (tokenizer.eos_token, 1.2)):
+        bias[tokenizer.convert_tokens_to_ids(tok)] = b
+    return piece, bias
+
+
+def run_both(model, tokenizer, routing, seed=0, **spec_kw):
+    piece, bias = tag_world(tokenizer, model)
+    backbone = BiasedBackbone(model, bias)
+    torch.manual_seed(seed)
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
+    latent = None
+    if routing == "hrpo":
+        latent = HrpoGate(model.config.hidden_size, mixture=spec_kw.pop("mixture", "full"), a_range=(0.5, 0.6))
+    elif routing == "soft_tokens":
+        latent = GaussianSoftTokens(backbone.embed_weight)
+    enc = encode_prompts(tokenizer, PROMPTS)
+    out = {}
+    for engine in ("eager", "compiled"):
+        spec = RolloutSpec(max_new_tokens=spec_kw.pop("max_new_tokens", 40) if engine == "eager" else out["T"],
+                           temperature=0.8, soft_top_k=5, routing=routing, engine=engine, **spec_kw)
+        out["T"] = spec.max_new_tokens
+        out[engine] = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, piece,
+                                      [tokenizer.eos_token_id], tokenizer.pad_token_id, latent=latent,
+                                      noise_seed=seed + 11)
+    return backbone, router, latent, out["eager"], out["compiled"]
+
+
+def assert_same(eager, compiled):
+    for name in EXACT:
+        a, b = getattr(eager, name), getattr(compiled, name)
+        assert a.shape == b.shape and torch.equal(a, b), name
+    for name in CLOSE:
+        a, b = getattr(eager, name), getattr(compiled, name)
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+
+
+ROUTINGS = [
+    ("learned", {}), ("learned", {"router_greedy": True, "top_k": 20, "top_p": 0.9}), ("hard", {}), ("soft", {}),
+    ("entropy", {"entropy_threshold": 2.0}), ("hrpo", {}), ("hrpo", {"mixture": "top_k"}), ("soft_tokens", {}),
+    ("learned", {"greedy": True}),
+]
+
+
+@pytest.mark.parametrize("routing,kw", ROUTINGS, ids=[f"{r}-{'-'.join(k) or 'default'}" for r, k in ROUTINGS])
+def test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise(model, tokenizer, routing, kw):
+    backbone, router, latent, eager, compiled = run_both(model, tokenizer, routing, **kw)
+    assert_same(eager, compiled)
+    units = eager.units
+    if not kw.get("greedy"):
+        assert units.min() < units.max() and eager.ended_with_eos.any(), "rows should end at different steps"
+        thinking_ended = eager.completion_mask & ~eager.decided
+        assert (thinking_ended.sum(-1) > 1).any(), "some row should write the tag and go on"
+    if routing in ("learned", "entropy") and not kw:
+        assert eager.is_soft.any() and (eager.decided & ~eager.is_soft).any()
+
+
+@pytest.mark.parametrize("routing", ["learned", "hrpo", "soft_tokens"])
+def test_training_forward_rebuilds_the_compiled_rollout(model, tokenizer, routing):
+    backbone, router, latent, _, compiled = run_both(model, tokenizer, routing)
+    assert compiled.is_soft.any()
+    with torch.no_grad():
+        scores = score_rollout(backbone, router, None, compiled, temperature=0.8, chunk_size=7,
+                               use_router=routing == "learned", with_reference=False, latent=latent)
+    m = compiled.completion_mask
+    torch.testing.assert_close(scores.logp_tok[m], compiled.logp[m], atol=1e-4, rtol=0)
+    if routing == "learned":
+        torch.testing.assert_close(1 - scores.p_hard[compiled.decided], compiled.p_soft[compiled.decided],
+                                   atol=1e-4, rtol=0)
+
+
+def test_compiled_step_has_no_graph_break_and_is_reused(model, tokenizer):
+    torch._dynamo.reset()  # forget graphs compiled by earlier tests, so this one counts its own
+    counters.clear()
+    _, _, _, eager, compiled = run_both(model, tokenizer, "learned", seed=5)
+    assert counters["stats"]["unique_graphs"] == 1, "the step was not compiled, or compiled more than once"
+    assert not counters["graph_break"], dict(counters["graph_break"])  # fullgraph=True would also raise
+    graphs = counters["stats"]["unique_graphs"]
+    # a second rollout of the same shape (another prompt length in the same cache bucket, another seed)
+    # reuses the graph, and the engine's cache and buffers, reset
+    piece, bias = tag_world(tokenizer, model)
+    enc = encode_prompts(tokenizer, ["another prompt, 27 chars...", "q", "and one more", "?"])
+    assert enc.input_ids.shape[1] != eager.prompt_ids.shape[1]
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
+    out = {}
+    for engine in ("compiled", "eager"):
+        spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, engine=engine)
+        out[engine] = hybrid_generate(BiasedBackbone(model, bias), router, enc.input_ids, enc.attention_mask, spec,
+                                      piece, [tokenizer.eos_token_id], tokenizer.pad_token_id, noise_seed=3)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert_same(out["eager"], out["compiled"])
+
+
+def test_a_rollout_reruns_identically_on_the_reused_engine(model, tokenizer):
+    _, _, _, _, first = run_both(model, tokenizer, "learned", seed=2)
+    _, _, _, _, again = run_both(model, tokenizer, "learned", seed=2)
+    assert_same(first, again)
+
+
+def test_compiled_engine_refuses_a_backbone_with_its_own_decode_path(model, tokenizer, monkeypatch):
+    from helpers import stand_in_unsloth_decode
+    from tarpo.hooks import make_backbone
+
+    stand_in_unsloth_decode(model, monkeypatch)
+    enc = encode_prompts(tokenizer, PROMPTS)
+    spec = RolloutSpec(max_new_tokens=4, engine="compiled", routing="hard")
+    with pytest.raises(ValueError, match="engine='compiled'.*UnslothBackbone.*eager"):
+        hybrid_generate(make_backbone(model), None, enc.input_ids, enc.attention_mask, spec,
+                        token_piece_fn(tokenizer), [tokenizer.eos_token_id], tokenizer.pad_token_id)
+
+
+def test_grouped_decode_attention_equals_sdpa_with_repeated_heads():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    B, H, kv, L, D = 3, 8, 2, 11, 16
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = H // kv, True
+    q, k, v = torch.randn(B, H, 1, D), torch.randn(B, kv, L, D), torch.randn(B, kv, L, D)
+    mask = torch.ones(B, 1, 1, L, dtype=torch.bool)
+    mask[0, ..., :4] = False  # left padding
+    mask[2, ..., 7:] = False  # positions not written yet
+    ours, _ = grouped_decode_attention(module, q, k, v, mask, scaling=0.25)
+    ref, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+    assert ours.shape == ref.shape == (B, 1, H, D)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=0)
+
+
+def test_a_row_mixture_does_not_depend_on_the_other_rows():
+    torch.manual_seed(0)
+    E = torch.randn(50, 24).to(torch.bfloat16)
+    ids, w = torch.randint(0, 50, (64, 30)), torch.rand(64, 30).softmax(-1)
+    full = topk_mixture(E, ids, w)
+    for rows in (slice(0, 1), slice(5, 9), torch.tensor([3, 60, 17])):
+        assert torch.equal(topk_mixture(E, ids[rows], w[rows]), full[rows])
+
+
+def test_gumbel_draws_follow_the_token_policy():
+    scores = torch.log(torch.tensor([0.5, 0.3, 0.2, 0.0]))  # the last token filtered out (-inf)
+    noise = StepNoise(0, 40000, 4, device="cpu")
+    draws = gumbel_argmax(scores.expand(40000, 4), noise.draw()[0])
+    freq = torch.bincount(draws, minlength=4).float() / 40000
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.01, rtol=0)  # ~4 std
