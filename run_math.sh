@@ -48,6 +48,7 @@ EVAL_N=${EVAL_N:-}                 # samples per question (paper: 32)
 EVAL_LIMIT=${EVAL_LIMIT:-}         # first N questions per benchmark
 EVAL_DATA_DIR=${EVAL_DATA_DIR:-}   # local benchmark folders (<task>/); empty: the hub
 DRY_RUN=${DRY_RUN:-0}
+ENGINE=${ENGINE:-}                 # rollout engine: auto (compiled on hf, eager = Unsloth's decode path on unsloth) | eager | compiled
 BACKEND=${BACKEND:-auto}           # auto: Unsloth (tarpo.patches) on CUDA with the gpu extra; hf: transformers + PEFT
 set +a
 exec bash "$(dirname "$0")/scripts/launch.sh" math

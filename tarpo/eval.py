@@ -39,10 +39,10 @@ from .evaluation import GREEDY_MODES, MODES, ROUTER_MODES, sample, score_records
 from .files import write_json_atomic
 from .graders import canonical_answers, grader_versions
 from .latent import HRPO_WEIGHTS
-from .modeling import load_gate, load_trained
+from .modeling import load_gate, load_trained, resolve_backend
 from .patches.targets import installed_version
 from .router import ROUTER_WEIGHTS
-from .rollout import RolloutSpec
+from .rollout import RolloutSpec, engine_for_backend
 from .tasks import TASKS, load_task
 from .trajectories import TrajectoryFile
 
@@ -82,6 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grader", help="override the task's grader")
     p.add_argument("--backend", default="auto", choices=["auto", "hf", "unsloth"],
                    help="auto: Unsloth (tarpo.patches) on CUDA with the gpu extra, else transformers")
+    p.add_argument("--engine", default="auto", choices=["auto", "eager", "compiled"],
+                   help="rollout engine (tarpo.rollout): auto = compiled on the transformers backend, eager (Unsloth's "
+                        "decode path) on Unsloth; the engines draw different random streams")
     p.add_argument("--restart", action="store_true", help="delete old trajectories of these tasks and start over")
 
 
@@ -125,6 +128,7 @@ def check_arguments(args) -> None:
     for name in ("temperature", "action_temperature", "entropy_temperature"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    args.engine = engine_for_backend(args.engine, resolve_backend(args.backend), "--engine")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise ValueError("--batch-size and --limit must be >= 1")
 
@@ -142,6 +146,8 @@ def task_settings(args, task: str) -> dict:
         "max_prompt_length": args.max_prompt_length or prompt_len, "max_new_tokens": args.max_new_tokens or new_tokens,
         "seed": args.seed, "limit": args.limit, "data": args.data_dir and os.path.join(args.data_dir, task),
         "grader": args.grader or TASKS[task].grader, "dtype": args.dtype,
+        # the engine decides the random stream; None = eager, as files written before engines existed
+        "engine": None if args.engine == "eager" else args.engine,
     }
 
 
@@ -187,7 +193,8 @@ def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, 
     s = traj.settings
     spec = RolloutSpec(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"],
                        top_p=s["top_p"], soft_top_k=s["soft_top_k"], entropy_threshold=s["entropy_threshold"],
-                       entropy_temperature=args.entropy_temperature, router_greedy=args.router_argmax)
+                       entropy_temperature=args.entropy_temperature, router_greedy=args.router_argmax,
+                       engine=s.get("engine") or "eager")
     done = traj.done_chunks()
     started, fresh = time.time(), 0
     bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2)

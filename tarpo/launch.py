@@ -69,11 +69,14 @@ def check_trainer(cfg: dict, cuda: bool) -> None:
     import re
 
     from .config import TarpoConfig
+    from .modeling import resolve_backend
     from .presets import variable_of
+    from .rollout import engine_for_backend
     with tempfile.TemporaryDirectory() as scratch:  # nothing may appear in the run folder yet
         try:
             TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch},
                         report_to="none")
+            engine_for_backend(cfg["trainer"].get("rollout_engine", "auto"), resolve_backend(cfg["backend"]), "ENGINE")
         except ValueError as exc:
             raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
                                     lambda m: f"{variable_of(m[1]) or 'TarpoConfig.' + m[1]}=", str(exc))) from None

@@ -113,6 +113,7 @@ VARIABLES = {
     "WARMUP": ("warmup_steps", float), "LR_SCHEDULE": ("lr_scheduler_type", str),
     "EPOCHS": ("num_train_epochs", float), "MAX_STEPS": ("max_steps", int), "SAVE_STEPS": ("save_steps", int),
     "BF16": ("bf16", _bool), "GRAD_CHECKPOINTING": ("gradient_checkpointing", _bool), "OPTIM": ("optim", str),
+    "ENGINE": ("rollout_engine", str),
 }
 # launcher settings (not TarpoConfig fields)
 SETTINGS = {
