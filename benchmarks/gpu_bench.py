@@ -5,10 +5,11 @@
     python benchmarks/gpu_bench.py --only rollout-hf --json r.json    # one benchmark (benchmarks/gpu_check.sh)
     python benchmarks/gpu_bench.py --render results.json --report docs/gpu/<date>-<gpu>.md
 
-On a random-init model with the Qwen2.5-1.5B configuration (bf16; no weights needed):
+On a random-init model with the Qwen2.5-1.5B configuration (``--shape 3b``: Qwen2.5-3B; bf16; no
+weights needed):
 
-- rollout tokens/s of the Unsloth path (tarpo.patches), the transformers path and a
-  reference-style loop (full-vocabulary mixture, text re-decoded every step;
+- rollout tokens/s of the Unsloth path (tarpo.patches), the transformers path (the eager
+  engine, and the compiled one of tarpo.static_decode with CUDA graphs) and a reference-style loop (full-vocabulary mixture, text re-decoded every step;
   benchmarks/reference_loop.py), batch 64, 512 new tokens, learned routing (b0 = [2.2, 0]);
 - decode step time against the weight-bandwidth floor (weight bytes / measured device copy
   bandwidth);
@@ -48,7 +49,7 @@ from tarpo.rollout import RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.router import Router  # noqa: E402
 from tarpo.scoring import score_rollout  # noqa: E402
 from tarpo.tagging import token_piece_fn  # noqa: E402
-from tarpo.tiny import QWEN25_15B, random_model_dir, synthetic_rollout  # noqa: E402
+from tarpo.tiny import QWEN25_3B, QWEN25_15B, random_model_dir, synthetic_rollout  # noqa: E402
 
 VERSIONED = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "tarpo")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -103,8 +104,13 @@ def load(path: str, backend: str, device, lora: bool, config: TarpoConfig):
     return model, load_tokenizer(path)
 
 
-def bench_rollout(path, backend, device, args, config, ours=True, reference=False):
-    """Rollout tokens/s of ``backend`` (``ours``) and/or of the reference-style loop (``reference``)."""
+SHAPES = {"1.5b": QWEN25_15B, "3b": QWEN25_3B}
+
+
+def bench_rollout(path, backend, device, args, config, ours=True, reference=False, engine="eager"):
+    """Rollout tokens/s of ``backend`` with ``engine`` (``ours``) and/or of the reference-style loop
+    (``reference``). A compiled engine warms up (compiles) at the measured length; its compile time
+    is the warm-up minus the median."""
     model, tok = load(path, backend, device, lora=True, config=config)
     model.eval()
     router = Router(model.config.hidden_size, bias=[2.2, 0.0]).to(device)
@@ -112,16 +118,16 @@ def bench_rollout(path, backend, device, args, config, ours=True, reference=Fals
     prompts = torch.randint(10, model.config.vocab_size, (args.batch, args.prompt_len), generator=g).to(device)
     mask = torch.ones_like(prompts)
     piece = token_piece_fn(tok)
-    spec = RolloutSpec(max_new_tokens=args.new_tokens, temperature=0.5, routing="learned")
-    out = {}
+    spec = RolloutSpec(max_new_tokens=args.new_tokens, temperature=0.5, routing="learned", engine=engine)
+    out = {"engine": engine}
 
     def generate(n):
-        s = RolloutSpec(max_new_tokens=n, temperature=0.5, routing="learned")
+        s = RolloutSpec(max_new_tokens=n, temperature=0.5, routing="learned", engine=engine)
         return hybrid_generate(make_backbone(model), router, prompts, mask, s, piece, [tok.eos_token_id],
                                tok.pad_token_id)
 
     if ours:
-        generate(16)  # warm-up (kernels, autotuning)
+        warm = timed(lambda: generate(spec.max_new_tokens if engine == "compiled" else 16), 1)  # kernels, compile
         torch.manual_seed(0)
         r = None
 
@@ -132,6 +138,8 @@ def bench_rollout(path, backend, device, args, config, ours=True, reference=Fals
         out["tokens_per_s"] = int(r.units.sum()) / t
         out["step_ms"] = 1000 * t / r.token_ids.shape[1]
         out["soft_ratio"] = float(r.is_soft.sum() / r.units.sum())
+        if engine == "compiled":
+            out["compile_s"] = warm - t
     if reference:
         reference_generate(model, router, tok, prompts, mask, 16)
         t_ref = timed(lambda: reference_generate(model, router, tok, prompts, mask, args.new_tokens), 1)
@@ -173,7 +181,8 @@ def bench_train_step(path, backend, device, args, config):
     return {"step_s": t, "peak_bytes": peak, "first_loss": losses[0]}
 
 
-BENCHES = ("rollout-hf", "reference", "train-hf", "rollout-unsloth", "train-unsloth", "bandwidth")  # hf first:
+BENCHES = ("rollout-hf", "rollout-compiled", "reference", "train-hf", "rollout-unsloth", "train-unsloth",
+           "bandwidth")  # hf first:
 # importing unsloth changes transformers process-wide, so in one process the hf path must run before it.
 
 
@@ -193,7 +202,7 @@ def run_one(name: str, args, path: str | None = None) -> dict:
     """One benchmark of BENCHES on the random-init model at ``path`` (made here when None)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     res = {**provenance(device), "sizes": {k: getattr(args, k) for k in (
-        "tiny", "batch", "new_tokens", "prompt_len", "group", "train_completion", "repeats")}}
+        "tiny", "shape", "batch", "new_tokens", "prompt_len", "group", "train_completion", "repeats")}}
     if name == "bandwidth":
         res["bandwidth"] = copy_bandwidth(device)
         return res
@@ -206,12 +215,13 @@ def run_one(name: str, args, path: str | None = None) -> dict:
                                                                                       args.train_completion),
                          gradient_checkpointing=True, report_to="none")
     with tempfile.TemporaryDirectory() as root:
-        path = path or random_model_dir(root, TINY if args.tiny else QWEN25_15B)
+        path = path or random_model_dir(root, TINY if args.tiny else SHAPES[args.shape])
         if name.startswith("train"):
             res.update(bench_train_step(path, backend, device, args, config))
         else:
             res.update(bench_rollout(path, backend, device, args, config, ours=name != "reference",
-                                     reference=name == "reference"))
+                                     reference=name == "reference",
+                                     engine="compiled" if name == "rollout-compiled" else "eager"))
     return res
 
 
@@ -260,24 +270,26 @@ def render(results: dict) -> str:
     bench = next((v for k, v in steps.items() if k in BENCHES and "sizes" in v), None)
     sz = bench["sizes"] if bench else {}
     if bench:
-        lines += [f"Benchmarks: random-init {'tiny' if sz['tiny'] else 'Qwen2.5-1.5B'} configuration, "
+        shape = {"1.5b": "Qwen2.5-1.5B", "3b": "Qwen2.5-3B"}[sz.get("shape", "1.5b")]
+        lines += [f"Benchmarks: random-init {'tiny' if sz['tiny'] else shape} configuration, "
                   f"{'float32' if bench['device'] == 'cpu' else 'bf16'}.", ""]
     lines += [f"## Rollout (batch {sz['batch']}, {sz['new_tokens']} new tokens, learned routing b0 = [2.2, 0])"
-              if sz else "## Rollout", "", "| path | tokens/s | step ms | step / floor | soft ratio |",
-              "|---|---|---|---|---|"]
-    for name in ("rollout-hf", "rollout-unsloth"):
+              if sz else "## Rollout", "",
+              "| path | tokens/s | step ms | step / floor | soft ratio | compile s |", "|---|---|---|---|---|---|"]
+    for name in ("rollout-hf", "rollout-compiled", "rollout-unsloth"):
         r = steps.get(name)
         if cell(name):
-            lines.append(f"| {name} | {cell(name)} | | | |")
+            lines.append(f"| {name} | {cell(name)} | | | | |")
             continue
         floor = (f"{r['step_ms'] / (1000 * r['weight_bytes'] / bw['bandwidth']):.1f}" if _same_machine(r, bw)
                  else "")
+        compile_s = f"{r['compile_s']:.0f}" if "compile_s" in r else ""
         lines.append(f"| {name} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {floor} "
-                     f"| {r['soft_ratio']:.3f} |")
+                     f"| {r['soft_ratio']:.3f} | {compile_s} |")
     ref_cell = cell("reference") or f"{ref['reference_tokens_per_s']:.0f}"
-    lines.append(f"| reference-style loop | {ref_cell} | | | |")
+    lines.append(f"| reference-style loop | {ref_cell} | | | | |")
     if bw and not cell("bandwidth"):
-        weights = next((steps[n]["weight_bytes"] for n in ("rollout-hf", "rollout-unsloth")
+        weights = next((steps[n]["weight_bytes"] for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth")
                         if not cell(n) and _same_machine(steps[n], bw)), None)
         lines += ["", f"Copy bandwidth {bw['bandwidth'] / 1e9:.0f} GB/s" + (
             f"; {weights / 2**30:.2f} GiB of weights, so a decode step's weight-bandwidth floor is "
@@ -296,6 +308,11 @@ def render(results: dict) -> str:
         ratios["hf rollout / reference-style loop (tokens/s)"] = rh["tokens_per_s"] / ref["reference_tokens_per_s"]
     if _same_machine(rh, ru):
         ratios["unsloth / hf rollout (tokens/s)"] = ru["tokens_per_s"] / rh["tokens_per_s"]
+    rc = steps.get("rollout-compiled")
+    if _same_machine(rh, rc):
+        ratios["compiled / eager hf rollout (tokens/s)"] = rc["tokens_per_s"] / rh["tokens_per_s"]
+    if _same_machine(rc, ru):
+        ratios["compiled / unsloth rollout (tokens/s)"] = rc["tokens_per_s"] / ru["tokens_per_s"]
     if _same_machine(th, tu):
         ratios["hf / unsloth training step time"] = th["step_s"] / tu["step_s"]
         ratios["unsloth / hf training peak memory"] = tu["peak_bytes"] / th["peak_bytes"]
@@ -324,6 +341,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="where --only writes its result")
     ap.add_argument("--render", metavar="RESULTS", help="render the {step: result} JSON file RESULTS to --report")
     ap.add_argument("--tiny", action="store_true", help="tiny model, small sizes (a CPU smoke run)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1.5b", help="the random model's configuration")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--prompt-len", type=int, default=128)
@@ -349,7 +367,7 @@ def main(argv=None) -> int:
     else:
         results = {}
         with tempfile.TemporaryDirectory() as root:
-            path = random_model_dir(root, TINY if args.tiny else QWEN25_15B)
+            path = random_model_dir(root, TINY if args.tiny else SHAPES[args.shape])
             for name in BENCHES:
                 results[name] = run_one(name, args, path)
                 free_memory()

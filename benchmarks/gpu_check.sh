@@ -6,13 +6,14 @@
 #                 $SITE; import check (versions, GPU name, `import unsloth`, tarpo.patches' checks)
 #     tests       test-patches test-hooks test-gpu: tests/test_{patches,hooks,gpu}.py, each in its own
 #                 process (importing unsloth changes transformers process-wide)
-#     rollout-hf reference train-hf rollout-unsloth train-unsloth bandwidth
+#     rollout-hf rollout-compiled reference train-hf rollout-unsloth train-unsloth bandwidth
 #                 one benchmark of benchmarks/gpu_bench.py each, in its own process
 #     report      re-render REPORT from RESULTS only (every other step re-renders it too)
 # Every step first installs into $SITE when that is missing or stale (a fresh machine, a changed kit
 # or project); the others then merge their result (with date, device, boot id) into RESULTS and
 # re-render REPORT, both replaced atomically: the report always holds every step finished so far.
 # Env: REPORT (docs/gpu/<UTC date>-<gpu>.md), RESULTS (REPORT with .json), WHEELS (.whl),
+#   SHAPE (1.5b; 3b: the Qwen2.5-3B configuration of issue #14's decode-step measurement),
 #   SITE (/tmp/tarpo-site; empty: use PYTHON's own environment, install nothing), PYTHON (python3),
 #   BUDGET (seconds for the whole command; 560 where $OUT is set, else none: a step's process that
 #   outlasts it is stopped and recorded as timed out), ALLOW_CPU=1 (no CUDA: a smoke run of the
@@ -193,10 +194,10 @@ step() {
       run "$LOGS/$f.log" bash -c 'cd tests && exec "$0" -m pytest -q -p no:cacheprovider --rootdir=.. \
         -c ../pytest.ini -rs "$1"' "$PY" "$f"
       record "$f" "$LOGS/$f.log";;
-    rollout-hf|reference|train-hf|rollout-unsloth|train-unsloth|bandwidth)
+    rollout-hf|rollout-compiled|reference|train-hf|rollout-unsloth|train-unsloth|bandwidth)
       install_site; need_cuda
       rm -f "$LOGS/$1.json"
-      run "$LOGS/$1.log" "$PY" benchmarks/gpu_bench.py --only "$1" --json "$LOGS/$1.json" $TINY
+      run "$LOGS/$1.log" "$PY" benchmarks/gpu_bench.py --only "$1" --json "$LOGS/$1.json" --shape "${SHAPE:-1.5b}" $TINY
       record "$1" "$LOGS/$1.log" "$LOGS/$1.json";;
     report)
       install_site
@@ -208,7 +209,7 @@ step() {
   esac
 }
 
-[ $# -gt 0 ] || set -- install tests rollout-hf reference train-hf rollout-unsloth train-unsloth bandwidth
+[ $# -gt 0 ] || set -- install tests rollout-hf rollout-compiled reference train-hf rollout-unsloth train-unsloth bandwidth
 for s in "$@"; do step "$s"; done
 echo "gpu_check: report $REPORT, results $RESULTS${FAILED[*]:+; failed: ${FAILED[*]}}"
 [ ${#FAILED[@]} -eq 0 ]
