@@ -83,9 +83,21 @@ def test_baseline_settings_as_their_authors_run_them():
         "lora_target_modules"]
     assert resolve("math", {"TOP_K": "50"})["trainer"]["top_k"] == 50  # the authors' generate() default
     for env, message in [({"HRPO_MIXTURE": "all"}, "HRPO_MIXTURE='all': must be one of"),
-                         ({"ENTROPY_TEMPERATURE": "0"}, "ENTROPY_TEMPERATURE=0.0: must be > 0")]:
+                         ({"ENTROPY_TEMPERATURE": "0"}, "ENTROPY_TEMPERATURE=0.0: must be > 0"),
+                         ({"ENGINE": "fast"}, "ENGINE='fast': must be one of auto, eager, compiled")]:
         with pytest.raises(ValueError, match=message):
             check_trainer(resolve("math", {"ALGO": "hrpo", **env}), cuda=False)
+
+
+def test_the_compiled_engine_is_refused_on_unsloth_before_anything_loads():
+    from tarpo.rollout import engine_for_backend
+
+    picked = {(e, b): engine_for_backend(e, b) for e, b in (("auto", "hf"), ("auto", "unsloth"), ("eager", "unsloth"),
+                                                           ("compiled", "hf"))}
+    assert picked == {("auto", "hf"): "compiled", ("auto", "unsloth"): "eager", ("eager", "unsloth"): "eager",
+                      ("compiled", "hf"): "compiled"}
+    with pytest.raises(ValueError, match="ENGINE=compiled runs the transformers decoder.*Unsloth"):
+        engine_for_backend("compiled", "unsloth", "ENGINE")
 
 
 @pytest.mark.parametrize("env, message", [
