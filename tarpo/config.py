@@ -237,8 +237,8 @@ class TarpoConfig(GRPOConfig):
                                           "static-shape step under torch.compile (CUDA graphs on CUDA), transformers "
                                           "backend only (tarpo.static_decode); 'auto', compiled on the transformers "
                                           "backend (1.6x the eager engine on CPU, benchmarks/bench_rollout.py), eager "
-                                          "with Unsloth. Engines draw different random streams: same settings, "
-                                          "other samples."})
+                                          "with Unsloth. In training both engines draw the same samples (keyed noise, "
+                                          "docs/rollout-engines.md)."})
     compact_finished_rows: bool = field(
         default=True, metadata={"help": "Drop finished rows from the decode batch and KV cache so they stop "
                                         "costing work (docs/algorithm.md §1). Changes the random stream versus "

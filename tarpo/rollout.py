@@ -29,8 +29,12 @@ from transformers import DynamicCache
 from .backbone import Backbone, positions_from_mask
 from .config import ENGINES, ROUTING_MODES
 from .mixture import build_inputs_embeds, normalised_full_mixture, soft_topk
-from .sampling import StepNoise, filter_logits, gumbel_argmax, logprobs_and_entropy, sample_tokens
+from .sampling import (STREAM_GAUSSIAN, STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax,
+                       logprobs_and_entropy, row_keys, sample_tokens, step_normals, step_uniforms)
 from .tagging import TagTracker
+
+
+DONE_CHECK_EVERY = 16  # steps between "is any row still running?" checks of the compiled engine and of lockstep
 
 
 @dataclass
@@ -126,12 +130,6 @@ def engine_for_backend(engine: str, backend: str, setting: str = "rollout_engine
     return engine if engine != "auto" else ("eager" if backend == "unsloth" else "compiled")
 
 
-def noise_kinds(spec: RolloutSpec) -> tuple[bool, bool, bool]:
-    """Which noise a step draws (:class:`tarpo.sampling.StepNoise`): token uniforms, router uniforms,
-    Soft Tokens' normals."""
-    return (not spec.greedy, spec.routing == "learned" and not spec.router_greedy, spec.routing == "soft_tokens")
-
-
 def _route(spec, router, hidden, entropy, decide, generator, uniforms=None):
     """d_t (bool, True = soft) and rho(soft|h_t) for the rows in ``decide``; ``entropy`` is the
     routing entropy (at ``spec.entropy_temperature``); ``uniforms``: the step's pre-drawn router
@@ -166,6 +164,8 @@ def hybrid_generate(
     generator: torch.Generator | None = None,
     latent=None,
     noise_seed: int | None = None,
+    row_ids: torch.Tensor | None = None,
+    lockstep=None,
 ) -> Rollout:
     """Decode a batch of left-padded prompts with per-step hard/soft inputs.
 
@@ -180,10 +180,16 @@ def hybrid_generate(
         piece: token id -> text, drives the answer-tag tracker (:func:`tagging.token_piece_fn`).
         eos_token_ids: ids that end a row.
         generator: optional RNG; ``None`` uses torch's global stream like ``generate``.
-        noise_seed: draw every step's randomness from :class:`tarpo.sampling.StepNoise` seeded with
-            it: both engines then draw the same trajectory. The compiled engine always draws this
+        noise_seed: draw every step's randomness as keyed noise (:func:`tarpo.sampling.step_uniforms`)
+            of this seed and each row's id: both engines then draw the same trajectory, and a row
+            the same whatever batch or process decodes it. The compiled engine always draws this
             way; without ``noise_seed`` it takes its seed from ``generator`` (or torch's stream).
             The eager engine without it samples with ``torch.multinomial``, as ``generate`` does.
+        row_ids: the rows' global ids for keyed noise ([B] long; default 0..B-1), e.g. offset by
+            the rank's share of a batch split across processes.
+        lockstep: for models sharded across processes (every rank must make the same decoder
+            calls): a function ``any_rank(flag: bool) -> bool``; ranks then decode until no
+            rank has a running row, finished rows riding along (:func:`tarpo.distributed.any_rank`).
         latent: :class:`tarpo.latent.HrpoGate` (routing ``hrpo``) or
             :class:`tarpo.latent.GaussianSoftTokens` (routing ``soft_tokens``).
     """
@@ -192,29 +198,28 @@ def hybrid_generate(
     if spec.routing in ("hrpo", "soft_tokens") and latent is None:
         raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise)")
     engine = resolve_engine(spec.engine, backbone)
+    keys = None
     if engine == "compiled" or noise_seed is not None:
         if noise_seed is None:
             noise_seed = int(torch.randint(2 ** 62, (), generator=generator,
                                            device=generator.device if generator is not None else "cpu"))
+        if row_ids is None:
+            row_ids = torch.arange(prompt_ids.shape[0])
+        keys = row_keys(noise_seed, row_ids.to(prompt_ids.device))
     if engine == "compiled":
         from .static_decode import compiled_generate
         return compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids,
-                                 pad_token_id, noise_seed, latent=latent)
+                                 pad_token_id, keys, latent=latent, lockstep=lockstep)
     gaussian = spec.routing == "soft_tokens"
     gate = latent if spec.routing == "hrpo" else None
-    compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False)
-    noise = None
-    if noise_seed is not None:
-        noise = StepNoise(noise_seed, prompt_ids.shape[0], backbone.lm_head.weight.shape[0],
-                          backbone.embed_weight.shape[1], device=prompt_ids.device, **dict(zip(
-                              ("tokens", "route", "gaussian"), noise_kinds(spec))))
+    compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
     with backbone.decoding():
         return _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
-                       generator, latent, gaussian, gate, compact, noise)
+                       generator, latent, gaussian, gate, compact, keys, lockstep)
 
 
 def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id, generator,
-            latent, gaussian, gate, compact, noise) -> Rollout:
+            latent, gaussian, gate, compact, keys, lockstep) -> Rollout:
     device = prompt_ids.device
     B, T, k = prompt_ids.shape[0], spec.max_new_tokens, spec.soft_top_k
     E = backbone.embed_weight
@@ -251,9 +256,9 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         steps = t + 1
         logits = backbone.logits(hidden).float()
         filtered = filter_logits(logits, spec.temperature, spec.top_k, spec.top_p)
-        u_tok, u_route, gauss = noise.draw() if noise is not None else (None, None, None)
-        if u_tok is not None:
-            tokens = gumbel_argmax(filtered, u_tok[rows])
+        key = keys[rows] if keys is not None else None
+        if key is not None and not spec.greedy:
+            tokens = gumbel_argmax(filtered, step_uniforms(key, t, STREAM_TOKEN, filtered.shape[-1]))
         else:
             tokens = sample_tokens(filtered, spec.greedy, generator)
         scaled = logits / spec.temperature
@@ -269,7 +274,7 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         is_eos = torch.isin(tokens, eos)
         decide = alive & thinking & ~is_eos & (t < T - 1)
         soft, p_soft = _route(spec, router, hidden, route_entropy, decide, generator,
-                              u_route[rows] if u_route is not None else None)
+                              step_uniforms(key, t, STREAM_ROUTE, 1)[:, 0] if key is not None else None)
 
         rec["token_ids"][live_rows, t] = live_tokens
         rec["completion_mask"][live_rows, t] = True
@@ -280,7 +285,8 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         rec["logp"][live_rows, t] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)[alive]
         soft_ids = soft_w = mixed = None
         if soft.any() and gaussian:
-            mixed = latent.sample(scaled[soft], E, generator, gauss[rows[soft]] if gauss is not None else None)
+            mixed = latent.sample(scaled[soft], E, generator,
+                                  step_normals(key[soft], t, STREAM_GAUSSIAN, E.shape[1]) if key is not None else None)
             rec["soft_inputs"][rows[soft], t] = mixed
         elif soft.any() and full_mix:  # HRPO: p is the distribution v_t was drawn from
             mixed = normalised_full_mixture(filtered[soft], E)
@@ -293,7 +299,11 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         ended = alive & is_eos
         ended_with_eos[rows[ended]] = True
         alive = alive & ~is_eos
-        if t == T - 1 or not alive.any():
+        if t == T - 1:
+            break
+        if lockstep is None and not alive.any():
+            break
+        if lockstep is not None and (t + 1) % DONE_CHECK_EVERY == 0 and not lockstep(bool(alive.any())):
             break
 
         # Next inputs: E(v_t) for hard rows, the mixture for soft rows (one shared function).
@@ -316,5 +326,8 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         hidden = backbone.hidden(inputs[:, None], mask, next_pos[:, None], cache, token_ids=tokens[:, None])[:, -1]
         next_pos = next_pos + 1
 
+    if lockstep is not None:  # steps run for other ranks' rows recorded nothing here
+        ran = rec["completion_mask"].any(0)
+        steps = int(ran.nonzero().max()) + 1 if bool(ran.any()) else 1
     rec = {name: value[:, :steps] for name, value in rec.items()}
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, ended_with_eos=ended_with_eos, **rec)

@@ -6,11 +6,12 @@ token under a fixed seed. Every filter is explicit: ``top_k=0`` and ``top_p=1.0`
 "off"; nothing falls back to a library default.
 
 Two ways to draw. ``sample_tokens`` calls ``torch.multinomial`` on torch's stream, as
-``generate`` does. :class:`StepNoise` instead hands each decode step pre-drawn noise from
-its own seeded generator (uniforms for the token and the router, normals for Soft Tokens),
-and :func:`gumbel_argmax` turns the token uniforms into an exact draw: given the same
-noise, the eager and the compiled engines (:mod:`tarpo.static_decode`) draw the same
-trajectory, and the compiled step never touches an RNG.
+``generate`` does. Keyed noise instead computes each step's randomness as a pure function
+of (seed, row id, step, stream, index) (:func:`step_uniforms`, a counter-based integer hash):
+uniforms for the token and the router, normals for Soft Tokens; :func:`gumbel_argmax` turns
+the token uniforms into an exact draw. Given the same seed, the eager and the compiled engines
+(:mod:`tarpo.static_decode`) draw the same trajectory, a row draws the same whatever batch or
+process decodes it, and the compiled step computes its noise inside the graph, with no RNG.
 """
 
 from __future__ import annotations
@@ -63,32 +64,51 @@ def gumbel_argmax(filtered_scores: torch.Tensor, uniforms: torch.Tensor) -> torc
     return (filtered_scores - torch.log(-torch.log(uniforms))).argmax(dim=-1)
 
 
-class StepNoise:
-    """Per-step noise for a batch, drawn in one fixed order from a seeded generator.
+# ---- counter-based noise: a pure function of (seed, row, step, stream, index) ----------------------------------
+# Values are 32-bit integers held in int64 tensors; every product stays below 2**63 (no overflow).
+_M32 = 0xFFFFFFFF
+STREAM_TOKEN, STREAM_ROUTE, STREAM_GAUSSIAN = 0, 1, 2  # the Gaussian stream uses 2 and 3
 
-    ``draw()`` refills and returns ``(tokens [B, V], route [B], gaussian [B, d])``, uniforms,
-    uniforms and standard normals (``None`` for the ones not asked for), the same tensors
-    every step, overwritten in place (static addresses for a CUDA graph). Row ``r`` of a step
-    belongs to row ``r`` of the batch whatever else happened, so an engine that drops
-    finished rows indexes them and draws the same trajectory as one that keeps them.
 
-        >>> a, b = StepNoise(7, 2, 5, device="cpu"), StepNoise(7, 2, 5, device="cpu")
-        >>> torch.equal(a.draw()[0], b.draw()[0]), a.draw()[1] is None
-        (True, True)
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for x in [0, 2**32), exactly, in 16-bit halves of ``c``."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (``lowbias32``: xor-shift / multiply rounds), a bijection of [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def row_keys(seed: int, rows: torch.Tensor) -> torch.Tensor:
+    """One int64 key per row from a seed and the rows' global ids (< 2**32), made once per rollout."""
+    seed = int(seed)
+    lo, hi = seed & _M32, (seed >> 32) & _M32
+    return _mix32(_mix32(_mix32(torch.full_like(rows, lo)) ^ hi) ^ (rows.long() & _M32))
+
+
+def step_uniforms(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
+    """Uniforms in (0, 1), [B, n] fp32, for rows with ``keys`` at decode step ``step`` (int or 0-d tensor).
+
+    A pure function of (seed, row id, step, stream, index): a row gets the same noise whatever
+    batch it is decoded in, by either engine, in one process or several. 24 random bits each, as
+    ``torch.rand`` for fp32; never exactly 0 or 1.
+
+        >>> k = row_keys(7, torch.arange(3))
+        >>> torch.equal(step_uniforms(k, 2, STREAM_TOKEN, 5)[1:], step_uniforms(k[1:], 2, STREAM_TOKEN, 5))
+        True
     """
+    key = _mix32(_mix32(keys ^ (torch.as_tensor(step, device=keys.device) & _M32)) ^ (stream * 0x9E3779B9 & _M32))
+    index = _mul32(torch.arange(n, device=keys.device), 0x9E3779B9)
+    h = _mix32(key[:, None] ^ index[None, :])
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
-    def __init__(self, seed: int, batch: int, vocab: int, hidden: int = 0, *, device, tokens: bool = True,
-                 route: bool = False, gaussian: bool = False):
-        self.generator = torch.Generator(device).manual_seed(int(seed))
-        self.tokens = torch.empty(batch, vocab, device=device) if tokens else None
-        self.route = torch.empty(batch, device=device) if route else None
-        self.gaussian = torch.empty(batch, hidden, device=device) if gaussian else None
 
-    def draw(self):
-        if self.tokens is not None:
-            self.tokens.uniform_(generator=self.generator)
-        if self.route is not None:
-            self.route.uniform_(generator=self.generator)
-        if self.gaussian is not None:
-            self.gaussian.normal_(generator=self.generator)
-        return self.tokens, self.route, self.gaussian
+def step_normals(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor:
+    """Standard normals [B, n] fp32 (Box-Muller on the uniforms of ``stream`` and ``stream + 1``)."""
+    u1, u2 = step_uniforms(keys, step, stream, n), step_uniforms(keys, step, stream + 1, n)
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * torch.pi) * u2)

@@ -15,11 +15,12 @@ process as one function with fixed shapes and no host sync, compiled once with
   bucket). The prompt is prefilled eagerly once; the attention mask is the prompt's mask
   followed by ones, allocated once: causality hides positions not yet written.
 - **Fixed batch.** Finished rows are not dropped; they ride along and write nothing (their
-  records keep pad / False / 0, as the eager engine's). Every :data:`DONE_CHECK_EVERY` steps
+  records keep pad / False / 0, as the eager engine's). Every ``DONE_CHECK_EVERY`` steps
   the loop looks at a flag "some row is still running" copied without blocking at the
   previous check, and stops once it reads False.
-- **Randomness** comes from :class:`tarpo.sampling.StepNoise`, drawn outside the graph each
-  step. Given the same noise (``noise_seed``) the eager engine draws the same trajectory.
+- **Randomness** is keyed noise (:func:`tarpo.sampling.step_uniforms`), a pure function of
+  (seed, row id, step) computed inside the graph. Given the same seed the eager engine draws
+  the same trajectory.
 - **Records** live in buffers of the full ``[B, T]`` shape, written with ``index_copy_`` at a
   step index held as a tensor; they are cut to the steps that ran and copied out at the end.
 
@@ -40,10 +41,10 @@ from . import tag_automaton
 from .backbone import Backbone, positions_from_mask, unwrap
 from .latent import GaussianSoftTokens
 from .mixture import normalised_full_mixture, soft_topk, topk_mixture
-from .sampling import StepNoise, filter_logits, gumbel_argmax, logprobs_and_entropy
+from .sampling import (STREAM_GAUSSIAN, STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax,
+                       logprobs_and_entropy, step_normals, step_uniforms)
 
 CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
-DONE_CHECK_EVERY = 16  # steps between looks at the "all rows finished" flag
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
 
 RECORD_FIELDS = ("token_ids", "completion_mask", "is_soft", "decided", "soft_ids", "soft_weights", "p_soft",
@@ -71,18 +72,19 @@ class StepSettings:
 
 
 def decode_step(backbone, router, gate, c: StepSettings, hidden, state, rec, cache, mask, next_tag, hit_tag,
-                eos, u_tok, u_route, gauss):
+                eos, keys):
     """One decode step for every row; returns ``(h_{t+1}, state_{t+1})`` and writes ``rec[:, t]``.
 
     ``state``: ``t`` (0-d long), ``pos`` [B] next position ids, ``tag`` [B] automaton states,
-    ``thinking`` / ``alive`` / ``ended`` [B] bool. The decisions are those of the eager engine
+    ``thinking`` / ``alive`` / ``ended`` [B] bool; ``keys`` [B]: the rows' noise keys. The decisions are those of the eager engine
     (:func:`tarpo.rollout._decode`), computed densely for all rows.
     """
     t, alive = state["t"], state["alive"]
     E = backbone.embed_weight
     logits = backbone.logits(hidden).float()
     filtered = filter_logits(logits, c.temperature, c.top_k, c.top_p)
-    tokens = filtered.argmax(-1) if c.greedy else gumbel_argmax(filtered, u_tok)
+    tokens = (filtered.argmax(-1) if c.greedy else
+              gumbel_argmax(filtered, step_uniforms(keys, t, STREAM_TOKEN, filtered.shape[-1])))
     scaled = logits / c.temperature
     logp_all, entropy = logprobs_and_entropy(scaled)
 
@@ -101,7 +103,7 @@ def decode_step(backbone, router, gate, c: StepSettings, hidden, state, rec, cac
         soft = decide & (route_entropy > c.entropy_threshold)
     elif c.routing == "learned":
         p = router.log_probs(hidden)[:, 1].exp()
-        soft = decide & ((p > 0.5) if c.router_greedy else (u_route < p))
+        soft = decide & ((p > 0.5) if c.router_greedy else (step_uniforms(keys, t, STREAM_ROUTE, 1)[:, 0] < p))
         p_soft = torch.where(decide, p, p_soft)
     else:  # soft, hrpo, soft_tokens: every thinking step
         soft = decide
@@ -109,7 +111,7 @@ def decode_step(backbone, router, gate, c: StepSettings, hidden, state, rec, cac
     e = E[tokens]
     soft_ids = soft_w = None
     if c.gaussian:
-        mixed = GaussianSoftTokens.mean(scaled, E) + c.sigma * gauss
+        mixed = GaussianSoftTokens.mean(scaled, E) + c.sigma * step_normals(keys, t, STREAM_GAUSSIAN, E.shape[1])
     elif c.full_mix:
         mixed = normalised_full_mixture(filtered, E)
     else:
@@ -243,13 +245,12 @@ class _LateFlag:
 
 
 class StaticDecoder:
-    """Cache, record buffers and noise for rollouts of one shape; reused while the shape holds."""
+    """Cache and record buffers for rollouts of one shape; reused while the shape holds."""
 
     def __init__(self, backbone: Backbone, key: tuple):
         self.key = key
-        B, T, cache_len, k, full_mix, self.noise_kinds, device, _ = key
-        d, self.vocab = backbone.embed_weight.shape[1], backbone.lm_head.weight.shape[0]
-        self.hidden_size = d
+        B, T, cache_len, k, full_mix, device, _ = key
+        d = backbone.embed_weight.shape[1]
         self.cache = StaticCache(config=backbone.config, max_cache_len=cache_len)
         z = dict(device=device)
         self.rec = dict(
@@ -265,28 +266,23 @@ class StaticDecoder:
             soft_inputs=torch.zeros(B, T, d if full_mix else 0, dtype=torch.float32, **z),
         )
         self.mask = torch.ones(B, cache_len, dtype=torch.long, **z)
-        self.noise = None
         if torch.device(device).type == "cuda":  # CUDA graphs: buffers written in the graph keep their address
             for buf in self.rec.values():
                 torch._dynamo.mark_static_address(buf)
 
-    def reset(self, pad_token_id: int, prompt_mask: torch.Tensor, seed: int) -> None:
+    def reset(self, pad_token_id: int, prompt_mask: torch.Tensor) -> None:
         self.cache.reset()
         for name, buf in self.rec.items():
             buf.fill_(pad_token_id if name == "token_ids" else 0)
         self.mask.fill_(1)
         self.mask[:, :prompt_mask.shape[1]] = prompt_mask
-        B, T = self.rec["token_ids"].shape
-        tokens, route, gaussian = self.noise_kinds
-        self.noise = StepNoise(seed, B, self.vocab, self.hidden_size, device=self.mask.device, tokens=tokens,
-                               route=route, gaussian=gaussian)
 
 
-def _engine(backbone, batch, new_tokens, cache_len, k, full_mix, noise_kinds, device) -> StaticDecoder:
+def _engine(backbone, batch, new_tokens, cache_len, k, full_mix, device) -> StaticDecoder:
     """The model's engine for this shape, made anew (replacing the last) when the shape changes."""
     base = unwrap(backbone.model)
     engine = base.__dict__.get("_tarpo_static_decoder")
-    key = (batch, new_tokens, cache_len, k, full_mix, noise_kinds, str(device), backbone.embed_weight.dtype)
+    key = (batch, new_tokens, cache_len, k, full_mix, str(device), backbone.embed_weight.dtype)
     if engine is None or engine.key != key:
         base.__dict__["_tarpo_static_decoder"] = None  # free the old cache first
         engine = StaticDecoder(backbone, key)
@@ -305,9 +301,10 @@ def check_backbone(backbone) -> None:
 
 @torch.no_grad()
 def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
-                      seed: int, latent=None):
-    """:func:`tarpo.rollout.hybrid_generate` with ``engine="compiled"`` (arguments checked there)."""
-    from .rollout import Rollout, noise_kinds
+                      keys: torch.Tensor, latent=None, lockstep=None):
+    """:func:`tarpo.rollout.hybrid_generate` with ``engine="compiled"`` (arguments checked there);
+    ``keys``: the rows' noise keys (:func:`tarpo.sampling.row_keys`)."""
+    from .rollout import DONE_CHECK_EVERY, Rollout
 
     check_backbone(backbone)
     device = prompt_ids.device
@@ -318,9 +315,8 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
     gate = latent if spec.routing == "hrpo" else None
     full_mix = gaussian or (gate is not None and gate.mixture == "full")
     cache_len = -(-(P + T) // CACHE_BUCKET) * CACHE_BUCKET
-    kinds = noise_kinds(spec)
-    engine = _engine(backbone, B, T, cache_len, spec.soft_top_k, full_mix, kinds, device)
-    engine.reset(pad_token_id, prompt_mask.long(), seed)
+    engine = _engine(backbone, B, T, cache_len, spec.soft_top_k, full_mix, device)
+    engine.reset(pad_token_id, prompt_mask.long())
     next_tag, hit_tag = tag_tables(piece, spec.answer_tag, vocab, device)
     settings = StepSettings(
         temperature=float(spec.temperature), top_k=int(spec.top_k), top_p=float(spec.top_p),
@@ -343,10 +339,14 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
         step = compiled_step(device)
         flag = _LateFlag()
         for t in range(T):
-            u_tok, u_route, gauss = engine.noise.draw()
             hidden, state = step(backbone, router, gate, settings, hidden, state, engine.rec, engine.cache,
-                                 engine.mask, next_tag, hit_tag, eos, u_tok, u_route, gauss)
-            if (t + 1) % DONE_CHECK_EVERY == 0 and flag.read_then_post(state["alive"].any()) is False:
+                                 engine.mask, next_tag, hit_tag, eos, keys)
+            if (t + 1) % DONE_CHECK_EVERY:
+                continue
+            if lockstep is not None:  # sharded model: every rank steps until no rank has a running row
+                if not lockstep(bool(state["alive"].any())):
+                    break
+            elif flag.read_then_post(state["alive"].any()) is False:
                 break
 
     ran = engine.rec["completion_mask"].any(0)

@@ -15,7 +15,7 @@ from tarpo.latent import GaussianSoftTokens, HrpoGate
 from tarpo.mixture import topk_mixture
 from tarpo.rollout import RolloutSpec, hybrid_generate
 from tarpo.router import Router
-from tarpo.sampling import StepNoise, gumbel_argmax
+from tarpo.sampling import STREAM_TOKEN, gumbel_argmax, row_keys, step_normals, step_uniforms
 from tarpo.scoring import score_rollout
 from tarpo.static_decode import grouped_decode_attention
 from tarpo.tagging import token_piece_fn
@@ -173,9 +173,25 @@ def test_a_row_mixture_does_not_depend_on_the_other_rows():
         assert torch.equal(topk_mixture(E, ids[rows], w[rows]), full[rows])
 
 
-def test_gumbel_draws_follow_the_token_policy():
+def test_gumbel_draws_on_keyed_noise_follow_the_token_policy():
     scores = torch.log(torch.tensor([0.5, 0.3, 0.2, 0.0]))  # the last token filtered out (-inf)
-    noise = StepNoise(0, 40000, 4, device="cpu")
-    draws = gumbel_argmax(scores.expand(40000, 4), noise.draw()[0])
-    freq = torch.bincount(draws, minlength=4).float() / 40000
+    u = step_uniforms(row_keys(0, torch.arange(40000)), 3, STREAM_TOKEN, 4)
+    freq = torch.bincount(gumbel_argmax(scores.expand(40000, 4), u), minlength=4).float() / 40000
     torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.01, rtol=0)  # ~4 std
+
+
+def test_keyed_noise_is_uniform_independent_and_the_same_in_any_batch():
+    keys = row_keys(123, torch.arange(2000))
+    u = step_uniforms(keys, 0, STREAM_TOKEN, 500)
+    assert 0 < u.min() and u.max() < 1
+    assert abs(u.mean() - 0.5) < 0.002 and abs(u.var() - 1 / 12) < 0.001
+    # neighbouring rows, steps, streams and indices are uncorrelated
+    other_seed = step_uniforms(row_keys(124, torch.arange(2000)), 0, STREAM_TOKEN, 500)
+    for a, b in [(u[:-1], u[1:]), (u[:, :-1], u[:, 1:]), (u, step_uniforms(keys, 1, STREAM_TOKEN, 500)),
+                 (u, step_uniforms(keys, 0, STREAM_TOKEN + 1, 500)), (u, other_seed)]:
+        assert abs(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]) < 0.01
+    z = step_normals(keys, 0, 2, 500)
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
+    # row 1500 draws the same in a batch of its own, with any id around it
+    alone = step_uniforms(row_keys(123, torch.tensor([1500])), 0, STREAM_TOKEN, 500)
+    assert torch.equal(alone[0], u[1500])
