@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import fields
 
 import torch
 from peft import LoraConfig, PeftModel
@@ -47,12 +48,13 @@ from . import checkpoints
 from .backbone import Backbone, unwrap
 from .hooks import make_backbone
 from .config import TarpoConfig
+from .distributed import check_not_sharded, forward_through, rollout_seed
 from .latent import GaussianSoftTokens, HrpoGate
 from .modeling import lora_config, new_router
 from .objective import group_advantages, tarpo_loss
 from .rollout import Rollout, RolloutSpec, hybrid_generate
 from .router import Router
-from .scoring import score_rollout
+from .scoring import StepScores, score_rollout
 from .patches.trl_guard import check_overrides, pristine_grpo_trainer
 from .prompts import count_too_long, encode_prompts
 from .tagging import token_piece_fn
@@ -137,6 +139,8 @@ class TarpoTrainer(GRPOTrainer):
                                        mixture=args.hrpo_mixture).to(self.accelerator.device)
         self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
                       if args.routing == "soft_tokens" else None)
+        self._seed_step, self._seed_index = None, 0
+        check_not_sharded(self.accelerator)
         check_overrides(self, TarpoTrainer)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
@@ -211,9 +215,13 @@ class TarpoTrainer(GRPOTrainer):
                                                           self.args.max_prompt_length, device)
         spec = RolloutSpec.from_config(self.args, router_greedy=False)
         model = self.accelerator.unwrap_model(self.model)
+        # Keyed noise: global row ids (this rank's share of the batch) and a seed every rank shares, so
+        # a row draws the same on any number of processes, with either engine, after a resume.
+        rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             rollout = hybrid_generate(make_backbone(model), self.router, prompt_ids, prompt_mask, spec, self.piece,
-                                      self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent)
+                                      self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,
+                                      noise_seed=self._next_rollout_seed(), row_ids=rows)
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
@@ -227,6 +235,13 @@ class TarpoTrainer(GRPOTrainer):
         out = {key: getattr(rollout, key) for key in _ROLLOUT_KEYS}
         out["advantages"] = advantages[local]
         return out
+
+    def _next_rollout_seed(self) -> int:
+        step = self.state.global_step
+        if step != self._seed_step:
+            self._seed_step, self._seed_index = step, 0
+        self._seed_index += 1
+        return rollout_seed(self.args.seed, step, self._seed_index - 1)
 
     def _log_rollout(self, mode, rollout: Rollout, rewards, rewards_per_func, n_trunc, prompts, completions):
         gather = self.accelerator.gather
@@ -261,10 +276,16 @@ class TarpoTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         rollout = Rollout(**{key: inputs[key] for key in _ROLLOUT_KEYS})
         args = self.args
-        scores = score_rollout(self.backbone(), self.router, self.ref_router.to(self.accelerator.device), rollout,
-                               temperature=args.temperature, chunk_size=args.logprob_chunk_size,
-                               use_router=self.use_router, with_reference=args.beta != 0.0,
-                               token_kl=args.token_kl, latent=self.latent)
+
+        def forward():
+            scores = score_rollout(self.backbone(), self.router, self.ref_router.to(self.accelerator.device), rollout,
+                                   temperature=args.temperature, chunk_size=args.logprob_chunk_size,
+                                   use_router=self.use_router, with_reference=args.beta != 0.0,
+                                   token_kl=args.token_kl, latent=self.latent)
+            return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
+
+        # through the module accelerate wrapped, so that DDP all-reduces the gradients (tarpo.distributed)
+        scores = StepScores(**forward_through(model, self.accelerator.unwrap_model(model), forward))
         old_tok = old_act = None
         if self.off_policy:
             old_tok = rollout.logp

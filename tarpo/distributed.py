@@ -1,0 +1,84 @@
+"""What several processes need from the trainer and the decode loop (accelerate, DDP, gloo/NCCL).
+
+- :func:`forward_through`: the training forward must run as the forward of the module that
+  accelerate wrapped. ``DistributedDataParallel.forward`` is where DDP learns that a backward
+  is coming (``reducer.prepare_for_backward``); gradients computed through the decoder called
+  directly are never all-reduced, and every rank would train its own model. TARPO's scoring
+  does not fit a ``model(input_ids)`` call (it rebuilds soft inputs, reads hidden states and
+  scores log-probs in chunks), so the wrapped module's own ``forward`` is swapped for the
+  scoring function during the call: DDP's hooks run around it as around any forward.
+- :func:`any_rank`: one small all-reduce, "does any rank still have a running row", for the
+  lockstep decode of sharded models (every rank must make the same decoder calls; tested, both
+  engines). The trainer itself refuses sharded parameters for now (:func:`check_not_sharded`).
+- :func:`rollout_seed`: the noise seed of a rollout, the same on every rank and after a resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+import torch
+import torch.distributed as dist
+
+
+@contextlib.contextmanager
+def forward_as(module: torch.nn.Module, fn):
+    """Within the context ``module(...)`` calls ``fn(...)`` (any wrapper around ``module``, DDP's
+    included, runs as usual around it); whatever ``forward`` the instance had is put back after.
+
+        >>> m = torch.nn.Identity()
+        >>> with forward_as(m, lambda: torch.ones(1)):
+        ...     m()
+        tensor([1.])
+        >>> m(torch.zeros(1))
+        tensor([0.])
+    """
+    had = "forward" in module.__dict__
+    previous = module.__dict__.get("forward")
+    module.forward = fn
+    try:
+        yield
+    finally:
+        if had:
+            module.forward = previous
+        else:
+            del module.forward
+
+
+def forward_through(wrapped: torch.nn.Module, inner: torch.nn.Module, fn):
+    """``fn()`` run as the forward of ``wrapped`` (DDP around ``inner``, or ``inner`` itself).
+    ``fn`` returns a dict of tensors (DDP looks for the tensors of a forward's output)."""
+    with forward_as(inner, fn):
+        return wrapped()
+
+
+def any_rank(flag: bool) -> bool:
+    """True when ``flag`` is True on some rank (all ranks call it together); ``flag`` without
+    torch.distributed."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return bool(flag)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def check_not_sharded(accelerator) -> None:
+    """FSDP and ZeRO-3 are refused: the rollout and the training forward read the input embedding
+    matrix and call the decoder and the head directly, which under sharding hold only this rank's
+    shard outside their own module's forward (docs/several-gpus.md)."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if getattr(accelerator.state, "fsdp_plugin", None) is not None or (plugin is not None and plugin.zero_stage == 3):
+        raise ValueError("TarpoTrainer does not support sharded parameters yet (FSDP, DeepSpeed ZeRO-3): use DDP "
+                         "(accelerate launch --multi_gpu) or ZeRO stage 1-2; see docs/several-gpus.md")
+
+
+def rollout_seed(seed: int, step: int, index: int) -> int:
+    """The noise seed of the ``index``-th rollout made at optimizer step ``step`` of a run seeded
+    ``seed``: the same on every rank, in a one-process run and after a resume.
+
+        >>> rollout_seed(0, 5, 0) == rollout_seed(0, 5, 0) != rollout_seed(0, 5, 1)
+        True
+    """
+    return int(hashlib.sha256(f"{seed}:{step}:{index}".encode()).hexdigest()[:15], 16)

@@ -1,0 +1,95 @@
+"""A few TarpoTrainer steps on a tiny model, one process or several (``accelerate launch``), for
+tests/test_ddp.py. After every optimizer step each rank saves its trainable tensors (LoRA and
+router) to ``<out>/rank<r>-step<s>.pt`` (step 0: before training).
+
+    python tests/ddp_worker.py d1 --grad-accum 2                      # one process
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 tests/ddp_worker.py d2
+
+``--direct-forward`` restores the defect issue #15 names: the training forward calls the decoder
+directly instead of through the module accelerate wrapped, so DDP never all-reduces a gradient.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import datasets  # noqa: E402
+import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+from tarpo import trainer as trainer_module  # noqa: E402
+from tarpo.config import TarpoConfig  # noqa: E402
+from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
+from tarpo.trainer import TarpoTrainer  # noqa: E402
+
+
+def letter_reward(prompts, completions, **kwargs):
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+
+
+class SaveTrainable(TrainerCallback):
+    def __init__(self, trainer, out):
+        self.trainer, self.out = trainer, out
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if os.environ.get("TARPO_SAVE_GRADS"):
+            model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            rank = self.trainer.accelerator.process_index
+            torch.save(grads, os.path.join(self.out, f"grad-rank{rank}-step{state.global_step + 1}.pt"))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.on_step_end(args, state, control)  # step 0: the parameters training starts from
+
+    def on_step_end(self, args, state, control, **kwargs):
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        tensors = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        rank = self.trainer.accelerator.process_index
+        torch.save(tensors, os.path.join(self.out, f"rank{rank}-step{state.global_step}.pt"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--routing", default="learned")
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--per-device", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--engine", default="auto")
+    ap.add_argument("--direct-forward", action="store_true")
+    ap.add_argument("--optim", default="sgd")
+    ap.add_argument("--max-grad-norm", type=float, default=0.1)
+    ap.add_argument("--no-shuffle", action="store_true",
+                    help="keep TRL from shuffling a generation batch before cutting it into micro-batches")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.set_num_threads(1)
+    if args.no_shuffle:
+        import trl.trainer.grpo_trainer as grpo
+        grpo.shuffle_sequence_dict = lambda batch: batch
+    if args.direct_forward:
+        trainer_module.forward_through = lambda wrapped, inner, fn: fn()
+
+    tok = char_tokenizer()
+    model = tiny_causal_lm(tok, "qwen2", seed=0)
+    data = datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"question {i}?"}]} for i in range(16)])
+    config = TarpoConfig(output_dir=os.path.join(args.out, "run"), bf16=False, use_cpu=True,
+                         per_device_train_batch_size=args.per_device, gradient_accumulation_steps=args.grad_accum,
+                         num_generations=4, max_completion_length=12, max_steps=args.steps, logging_steps=1,
+                         report_to="none", gradient_checkpointing=False, save_strategy="no", learning_rate=1e-2,
+                         router_lr=1e-1, action_bias=[0.5, 0.0], lora_r=4, lora_alpha=8, beta=0.05, seed=0,
+                         data_seed=0, warmup_steps=0, optim=args.optim, max_grad_norm=args.max_grad_norm, routing=args.routing, rollout_engine=args.engine)
+    trainer = TarpoTrainer(model=model, reward_funcs=letter_reward, args=config, train_dataset=data,
+                           processing_class=tok)
+    trainer.add_callback(SaveTrainable(trainer, args.out))
+    trainer.train()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
