@@ -20,6 +20,10 @@ to hard inputs; ``hrpo`` an HRPO-trained gate blends every thinking input; ``gre
 sample with hard inputs; ``tarpo_greedy`` one argmax sample routed by the router's argmax (Table 3's
 Greedy column for TARPO). Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
 per task from docs/algorithm.md §5.
+
+Data parallel: ``accelerate launch --multi_gpu --num_processes N -m tarpo.cli eval ...`` (or
+``torchrun``; on CPUs add ``ACCELERATE_USE_CPU=true``) deals the chunks still to do to N processes;
+rank 0 alone writes, and the files are those of one process with the same seed (``sample_task``).
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import os
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from .evaluation import GREEDY_MODES, MODES, ROUTER_MODES, sample, score_records, summarize
@@ -174,10 +179,10 @@ def chunk_seed(seed: int, task: str, chunk: int) -> int:
 
 
 def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "auto", action_temperature=None,
-                backend: str = "hf"):
-    """(model, router or None, HRPO gate or None, tokenizer, device) for an inference mode,
-    on CUDA when available; ``auto`` dtype = bfloat16 on CUDA, float32 on CPU."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+                backend: str = "hf", device=None):
+    """(model, router or None, HRPO gate or None, tokenizer, device) for an inference mode, on
+    ``device`` (default CUDA when available); ``auto`` dtype = bfloat16 on CUDA, float32 on CPU."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype if dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     model, router, tokenizer = load_trained(model_path, adapter, dtype=dtype, device=device, backend=backend)
     model.eval()
@@ -187,28 +192,94 @@ def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "a
     return model, (router if mode in ROUTER_MODES else None), gate, tokenizer, device
 
 
-def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, router, gate, tokenizer,
-                  device) -> dict:
-    """Sample the chunks not yet on disk, then compute the task's metrics and provenance."""
+def processes() -> tuple[int, int, torch.device | None]:
+    """(rank, number of processes, device) of this eval process: (0, 1, None) unless a launcher
+    (``accelerate launch --multi_gpu``, ``torchrun``) started several, which set ``WORLD_SIZE``.
+
+    The ranks exchange only Python objects, so the process group is gloo on every device (NCCL's
+    watchdog would also stop ranks that wait while rank 0 grades); the device is the rank's own
+    GPU (``LOCAL_RANK``), or the CPU without CUDA or with ``ACCELERATE_USE_CPU=true``."""
+    if not (dist.is_available() and dist.is_initialized()):
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return 0, 1, None
+        dist.init_process_group("gloo", timeout=timedelta(hours=2))
+    from accelerate.utils import parse_flag_from_env
+    if torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU"):
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def rank0_first(rank: int, world: int, fn):
+    """``fn(rank)`` on rank 0 first, then on the other ranks, so that they see the files as rank 0
+    left them; a failure on rank 0 (a bad setting, an old file with other settings) is raised on
+    every rank, before any of them loads a model."""
+    if world == 1:
+        return fn(rank)
+    error = [None]
+    if rank == 0:
+        try:
+            result = fn(rank)
+        except Exception as exc:
+            error = [(type(exc) if isinstance(exc, (ValueError, FileNotFoundError)) else RuntimeError, str(exc))]
+            raise
+        finally:
+            dist.broadcast_object_list(error, src=0)
+        return result
+    dist.broadcast_object_list(error, src=0)
+    if error[0] is not None:
+        raise error[0][0](error[0][1])
+    return fn(rank)
+
+
+def sample_task(args, task: str, examples: list, traj: TrajectoryFile, model, router, gate, tokenizer, device,
+                rank: int = 0, world: int = 1) -> int:
+    """Sample and grade the chunks not yet on disk and append them to ``traj``; returns how many
+    samples were added (on rank 0; 0 elsewhere).
+
+    With ``world`` processes the chunks still to do are dealt round-robin: in round ``k`` rank
+    ``r`` samples the ``k*world + r``-th of them, with the chunk's own seed and batch as one
+    process would, and rank 0 gathers the round and appends its chunks in order. So the file is
+    the one a single process writes, and a run killed between appends resumes like one."""
     s = traj.settings
     spec = RolloutSpec(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"],
                        top_p=s["top_p"], soft_top_k=s["soft_top_k"], entropy_threshold=s["entropy_threshold"],
                        entropy_temperature=args.entropy_temperature, router_greedy=args.router_argmax,
                        engine=s.get("engine") or "eager")
-    done = traj.done_chunks()
-    started, fresh = time.time(), 0
-    bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2)
-    for c, (start, stop) in enumerate(traj.chunks[done:], done):
-        generator = torch.Generator(device).manual_seed(chunk_seed(args.seed, task, c))
-        chunk = examples[start:stop]
-        records = sample(model, router, tokenizer, chunk, args.n, spec, mode=args.mode,
-                         max_prompt_length=s["max_prompt_length"], batch_size=len(chunk) * args.n,
-                         generator=generator, gate=gate)
-        records = score_records(records, chunk, grader=s["grader"])
-        traj.append([{"q": start + i // args.n, **r} for i, r in enumerate(records)])
-        fresh += len(records)
-        bar.update(len(records))
+    todo = list(range(traj.done_chunks(), len(traj.chunks)))
+    fresh = 0
+    bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2,
+               disable=rank != 0)
+    for first in range(0, len(todo), world):
+        records = None
+        if first + rank < len(todo):
+            c = todo[first + rank]
+            start, stop = traj.chunks[c]
+            generator = torch.Generator(device).manual_seed(chunk_seed(args.seed, task, c))
+            chunk = examples[start:stop]
+            records = sample(model, router, tokenizer, chunk, args.n, spec, mode=args.mode,
+                             max_prompt_length=s["max_prompt_length"], batch_size=len(chunk) * args.n,
+                             generator=generator, gate=gate)
+            records = score_records(records, chunk, grader=s["grader"])
+            records = [{"q": start + i // args.n, **r} for i, r in enumerate(records)]
+        gathered = [records]
+        if world > 1:
+            gathered = [None] * world if rank == 0 else None
+            dist.gather_object(records, gathered, dst=0)
+        if rank == 0:
+            for chunk_records in gathered[:len(todo) - first]:  # in chunk order; None: a rank without a chunk
+                traj.append(chunk_records)
+                fresh += len(chunk_records)
+                bar.update(len(chunk_records))
     bar.close()
+    return fresh
+
+
+def task_results(args, task: str, traj: TrajectoryFile, device, rate: float, world: int = 1) -> dict:
+    """The metrics and provenance of a task whose trajectories are all on disk."""
+    s = traj.settings
     records = traj.records
     canonical = canonical_answers([r["answer"] for r in records], task)
     metrics = summarize(records, args.ks, canonical)
@@ -222,14 +293,14 @@ def evaluate_task(args, task: str, examples: list, traj: TrajectoryFile, model, 
             if keep:
                 subsets["math500"] = {**summarize([records[j] for j in keep], args.ks, [canonical[j] for j in keep]),
                                       "ids_from": where}
-    rate = fresh / max(time.time() - started, 1e-9)
     return {
         "task": task, "system": args.system or SYSTEM_NAMES[args.mode],
         "model_name": args.model_name or os.path.basename(os.path.normpath(args.model)),
         "model": args.model, "adapter": args.adapter, "mode": args.mode, "n": args.n, "seed": args.seed,
         "metrics": metrics, "subsets": subsets, "settings": s, "grader": grader_versions(s["grader"]),
         "packages": package_versions(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": str(device), "samples_per_s": rate, "trajectories": os.path.basename(traj.path),
+        "device": str(device), "processes": world, "samples_per_s": rate,
+        "trajectories": os.path.basename(traj.path),
     }
 
 
@@ -264,23 +335,35 @@ def check_out(out: str) -> None:
 
 
 def run(args) -> int:
+    """Evaluate every task; launched with several processes, the chunks are split between them
+    (:func:`sample_task`) and rank 0 alone writes the files and computes the results."""
     check_arguments(args)
     check_out(args.out)
-    plans = []
-    for task in args.task_list:  # data and resume files are checked before any model is loaded
-        examples = list(load_task(task, args.data_dir and os.path.join(args.data_dir, task), limit=args.limit))
-        per_chunk = max(1, args.batch_size // args.n)
-        traj = TrajectoryFile(args.out, task, task_settings(args, task), len(examples), per_chunk, args.restart)
-        plans.append((task, examples, traj))
-    os.makedirs(args.out, exist_ok=True)
+    rank, world, device = processes()
 
+    def plan(rank):  # data and resume files are checked before any model is loaded
+        plans = []
+        for task in args.task_list:
+            examples = list(load_task(task, args.data_dir and os.path.join(args.data_dir, task), limit=args.limit))
+            per_chunk = max(1, args.batch_size // args.n)
+            traj = TrajectoryFile(args.out, task, task_settings(args, task), len(examples), per_chunk,
+                                  args.restart and rank == 0)  # rank 0 deletes or truncates, the others read
+            plans.append((task, examples, traj))
+        os.makedirs(args.out, exist_ok=True)
+        return plans
+
+    plans = rank0_first(rank, world, plan)
     model, router, gate, tokenizer, device = load_system(args.model, args.adapter, args.mode, args.dtype,
-                                                         args.action_temperature, args.backend)
+                                                         args.action_temperature, args.backend, device)
     for task, examples, traj in plans:
-        res = evaluate_task(args, task, examples, traj, model, router, gate, tokenizer, device)
-        write_json_atomic(os.path.join(args.out, f"{task}.results.json"), res)
-        print(summary_line(res), flush=True)
-    print(f"results in {os.path.abspath(args.out)}")
+        started = time.time()
+        fresh = sample_task(args, task, examples, traj, model, router, gate, tokenizer, device, rank, world)
+        if rank == 0:
+            res = task_results(args, task, traj, device, fresh / max(time.time() - started, 1e-9), world)
+            write_json_atomic(os.path.join(args.out, f"{task}.results.json"), res)
+            print(summary_line(res), flush=True)
+    if rank == 0:
+        print(f"results in {os.path.abspath(args.out)}")
     return 0
 
 
