@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TARPO (or a baseline, ALGO) on GSM8K with one GPU, then optionally the paper's evaluation
+# TARPO (or a baseline, ALGO) on GSM8K with one GPU (NUM_PROCESSES=N: N GPUs), then optionally the paper's evaluation
 # (GSM8K test). Edit the variables below or set
 # them in the environment:   BETA=0.01 bash run_gsm8k.sh    MODEL=qwen2.5-7b ALGO=hrpo bash run_gsm8k.sh
 # An empty value means the paper's value for GSM8K and MODEL (docs/algorithm.md §5; the values live in
@@ -13,7 +13,7 @@ DATA_PATH=${DATA_PATH:-}           # local training data (file or folder); empty
 OUT_DIR=${OUT_DIR:-runs}           # the run folder is OUT_DIR/<name encoding the key settings>
 SEED=${SEED:-}
 GROUP_SIZE=${GROUP_SIZE:-}         # G
-BATCH=${BATCH:-}                   # completions per optimizer step
+BATCH=${BATCH:-}                   # completions per optimizer step (all processes together)
 LR=${LR:-}                         # LoRA learning rate
 ROUTER_LR=${ROUTER_LR:-}
 HRPO_LR=${HRPO_LR:-}               # ALGO=hrpo: learning rate of the gate's W_r, W_i (HRPO's: 1e-4)
@@ -50,5 +50,8 @@ EVAL_DATA_DIR=${EVAL_DATA_DIR:-}   # local benchmark folders (<task>/); empty: t
 DRY_RUN=${DRY_RUN:-0}
 ENGINE=${ENGINE:-}                 # rollout engine: auto (compiled on hf, eager = Unsloth's decode path on unsloth) | eager | compiled
 BACKEND=${BACKEND:-auto}           # auto: Unsloth (tarpo.patches) on CUDA with the gpu extra; hf: transformers + PEFT
+NUM_PROCESSES=${NUM_PROCESSES:-}   # > 1: that many processes (one per GPU) under accelerate launch; empty: 1,
+                                   # or ACCELERATE_CONFIG's num_processes
+ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-}  # accelerate config file (FSDP, DeepSpeed, ...); empty: plain data parallel
 set +a
 exec bash "$(dirname "$0")/scripts/launch.sh" gsm8k

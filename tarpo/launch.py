@@ -11,12 +11,21 @@ The launcher's shell variables (and the environment) override the presets of
    complete checkpoint there if any (:mod:`tarpo.checkpoints`); a finished run is a no-op;
 4. with ``EVAL=1``, evaluate the trained system on the data set's benchmarks with
    ``tarpo eval`` into ``<run>/eval``.
+
+With ``NUM_PROCESSES`` > 1 or an ``ACCELERATE_CONFIG``, this process checks the configuration, then
+starts steps 3 and 4 each through ``accelerate launch`` (:func:`accelerate_prefix`) and waits for
+them: training runs ``-m tarpo.launch <dataset>`` in every process (the main one, rank 0, alone
+writes and prints), the evaluation ``-m tarpo.cli eval`` once training has ended. One process (the
+default) trains and evaluates in this process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
+import subprocess
 import sys
 import tempfile
 
@@ -24,6 +33,61 @@ from .files import write_json_atomic
 from .presets import resolve
 
 TINY_PARAMS = 100_000_000
+LAUNCHED = "TARPO_LAUNCHED"  # "1" in the processes that accelerate launch starts for a launcher run
+
+
+def process_rank() -> int:
+    """This process's rank among the processes of the run (RANK, else LOCAL_RANK, as ``accelerate
+    launch`` sets them); 0 when it runs alone. Rank 0 is the main process."""
+    return int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
+
+
+def cpu_requested() -> bool:
+    """ACCELERATE_USE_CPU=true: accelerate and the Trainer run every process on the CPU (gloo). A value
+    they would not read is named here."""
+    raw = os.environ.get("ACCELERATE_USE_CPU")
+    value = "false" if raw is None else raw.strip().lower()
+    if value not in ("1", "true", "yes", "y", "t", "on", "0", "false", "no", "n", "f", "off"):
+        raise ValueError(f"ACCELERATE_USE_CPU={raw!r}: must be true or false")
+    return value in ("1", "true", "yes", "y", "t", "on")
+
+
+def accelerate_prefix(cfg: dict) -> list[str] | None:
+    """The ``accelerate launch`` command line, up to the module it runs, that starts the run's
+    processes; None for one plain process (NUM_PROCESSES=1 and no ACCELERATE_CONFIG).
+
+    >>> accelerate_prefix({"num_processes": 2, "accelerate_config": None})[1:]
+    ['-m', 'accelerate.commands.launch', '--num_processes', '2', '--multi_gpu']
+    >>> accelerate_prefix({"num_processes": 1, "accelerate_config": None}) is None
+    True
+    """
+    n, config = cfg["num_processes"], cfg["accelerate_config"]
+    if n == 1 and config is None:
+        return None
+    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
+            *(["--config_file", config] if config else ["--multi_gpu"])]
+
+
+def training_command(cfg: dict) -> list[str] | None:
+    """The command that trains with several processes (None: this process trains)."""
+    prefix = accelerate_prefix(cfg)
+    return None if prefix is None else [*prefix, "-m", "tarpo.launch", cfg["dataset"]]
+
+
+def check_processes(cfg: dict, devices: int, cpu: bool) -> None:
+    """Several processes need a CUDA device each (``devices``: this machine's count), or ``cpu``
+    (ACCELERATE_USE_CPU=true), which runs them on the CPU talking over gloo (tests, CI)."""
+    n = cfg["num_processes"]
+    if n == 1 or cpu:
+        return
+    if devices == 0:
+        raise ValueError(f"NUM_PROCESSES={n}: no CUDA device on this machine to run {n} processes on. Set "
+                         "NUM_PROCESSES=1, or ACCELERATE_USE_CPU=true to run the processes on the CPU "
+                         "(gloo; for tests, with a tiny local MODEL)")
+    if n > devices and cfg["accelerate_config"] is None:
+        raise ValueError(f"NUM_PROCESSES={n}: this machine has {devices} CUDA device(s) (one process per device; "
+                         "see CUDA_VISIBLE_DEVICES); use at most that many, or an ACCELERATE_CONFIG for several "
+                         "machines")
 
 
 def estimated_params(folder: str) -> int | None:
@@ -72,10 +136,12 @@ def check_trainer(cfg: dict, cuda: bool) -> None:
     from .modeling import resolve_backend
     from .presets import variable_of
     from .rollout import engine_for_backend
+    # TRL's batch checks see the whole step's completions, as they will across NUM_PROCESSES processes
+    batch = cfg["trainer"]["per_device_train_batch_size"] * cfg["num_processes"]
     with tempfile.TemporaryDirectory() as scratch:  # nothing may appear in the run folder yet
         try:
-            TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch},
-                        report_to="none")
+            TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch,
+                           "per_device_train_batch_size": batch}, report_to="none")
             engine_for_backend(cfg["trainer"].get("rollout_engine", "auto"), resolve_backend(cfg["backend"]), "ENGINE")
         except ValueError as exc:
             raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
@@ -92,7 +158,8 @@ def print_config(cfg: dict) -> None:
 
 
 def train(cfg: dict) -> str:
-    """Train into ``cfg['run_dir']``; returns the saved adapter folder."""
+    """Train into ``cfg['run_dir']``; returns the saved adapter folder. Every process of a run calls
+    this; the main one alone writes the configuration, clears interrupted saves and prints."""
     from .callbacks import JsonlLogger
     from .checkpoints import DiskFull, finished_step, last_complete_checkpoint, remove_partial_saves, save_final
     from .config import TarpoConfig
@@ -102,27 +169,32 @@ def train(cfg: dict) -> str:
     from .tasks import load_task
     from .trainer import TarpoTrainer
 
-    run_dir = cfg["run_dir"]
+    run_dir, main = cfg["run_dir"], process_rank() == 0
     args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
     adapter, gate = os.path.join(run_dir, "adapter"), args.routing == "hrpo"
     done = finished_step(run_dir, args.max_steps, args.num_train_epochs, gate=gate)
     if done is not None:  # a re-run of a finished run: nothing is loaded, trained or written
-        print(f"run already finished at step {done}; nothing to do ({adapter} is its adapter; raise MAX_STEPS "
-              "to train further, or set another RUN_NAME/OUT_DIR for a new run)")
+        if main:
+            print(f"run already finished at step {done}; nothing to do ({adapter} is its adapter; raise MAX_STEPS "
+                  "to train further, or set another RUN_NAME/OUT_DIR for a new run)")
         return adapter
     dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
     tokenizer = load_tokenizer(cfg["model"])
     count_too_long(tokenizer, dataset["prompt"], args.max_prompt_length)  # a prompt that cannot fit: refused now
     os.makedirs(run_dir, exist_ok=True)
-    write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg)
+    if main:
+        write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg)
     model = training_policy(cfg["model"], args, cfg["backend"], "bfloat16" if args.bf16 else "float32")
     trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
                            processing_class=tokenizer,
                            callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
-    for name in remove_partial_saves(run_dir):
-        print(f"removed {name}: a save that a kill or a full disk interrupted")
-    last = last_complete_checkpoint(run_dir, gate=gate)  # the newest complete one; says which it skips
-    if last is not None:
+    if main:
+        for name in remove_partial_saves(run_dir):
+            print(f"removed {name}: a save that a kill or a full disk interrupted")
+    trainer.accelerator.wait_for_everyone()  # the others look for checkpoints once those are gone
+    # the newest complete checkpoint; the main process says which it skips
+    last = last_complete_checkpoint(run_dir, gate=gate, report=print if main else lambda _: None)
+    if last is not None and main:
         print(f"resuming from {last}")
     try:
         trainer.train(resume_from_checkpoint=last)  # from a checkpoint at the last step: trains nothing
@@ -132,8 +204,8 @@ def train(cfg: dict) -> str:
     return adapter
 
 
-def evaluate(cfg: dict, adapter: str) -> int:
-    from .cli import main as cli
+def evaluation_args(cfg: dict, adapter: str) -> list[str]:
+    """The ``tarpo eval`` arguments that evaluate the trained system as the paper does."""
     args = ["eval", "--model", cfg["model"], "--adapter", adapter, "--mode", cfg["eval_mode"], "--system",
             cfg["system"], "--tasks", ",".join(cfg["eval_tasks"]), "--n", str(cfg["eval_n"]),
             "--out", os.path.join(cfg["run_dir"], "eval"), "--seed", str(cfg["trainer"]["seed"]),
@@ -145,7 +217,43 @@ def evaluate(cfg: dict, adapter: str) -> int:
         args += ["--limit", str(cfg["eval_limit"])]
     if cfg["eval_data_dir"]:
         args += ["--data-dir", cfg["eval_data_dir"]]
-    return cli(args)
+    return args
+
+
+def evaluate(cfg: dict, adapter: str) -> int:
+    """``tarpo eval`` in this process (one-process runs)."""
+    from .cli import main as cli
+    return cli(evaluation_args(cfg, adapter))
+
+
+def evaluation_command(cfg: dict, adapter: str) -> list[str]:
+    """``tarpo eval`` through the run's ``accelerate launch`` prefix (runs with several processes)."""
+    return [*accelerate_prefix(cfg), "-m", "tarpo.cli", *evaluation_args(cfg, adapter)]
+
+
+def run_command(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` and return its exit status (128 + N when signal N ended it). SIGINT, SIGTERM and SIGHUP
+    sent to this process are passed on, so that stopping the launcher (a scheduler's kill) stops the
+    processes it started."""
+    print(f"tarpo launch: running {shlex.join(cmd)}", flush=True)
+    proc = subprocess.Popen(cmd, env=env)
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda sig, _frame: proc.send_signal(sig)) for sig in sigs}
+    try:
+        status = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - status if status < 0 else status
+
+
+def launch_processes(cfg: dict) -> int:
+    """Train through ``accelerate launch`` and wait for every process; then, with EVAL=1, evaluate
+    through the same prefix, once the training processes have ended and freed their devices."""
+    status = run_command(training_command(cfg), {**os.environ, LAUNCHED: "1"})
+    if status != 0 or not cfg["eval"]:
+        return status
+    return run_command(evaluation_command(cfg, os.path.join(cfg["run_dir"], "adapter")), dict(os.environ))
 
 
 def main(argv=None) -> int:
@@ -156,17 +264,27 @@ def main(argv=None) -> int:
         return 2
     import torch
     cuda = torch.cuda.is_available()
+    main_process, launched = process_rank() == 0, os.environ.get(LAUNCHED) == "1"
     try:
         cfg = resolve(argv[0], dict(os.environ))
+        command = training_command(cfg)
+        cfg["launch_command"] = None if command is None else shlex.join(command)
+        cpu = cpu_requested()
         check_data(cfg)
         check_trainer(cfg, cuda)
+        if not cfg["dry_run"]:
+            check_processes(cfg, torch.cuda.device_count() if cuda else 0, cpu)
     except ValueError as exc:
         print(f"tarpo launch: error: {exc}", file=sys.stderr)
         return 2
     if cfg["dry_run"]:
-        print_config(cfg)
+        if main_process:
+            print_config(cfg)
         return 0
     check_runnable(cfg, cuda)
+    # this process starts the run's processes, unless it is one of them (or accelerate started it)
+    if command is not None and not launched and "LOCAL_RANK" not in os.environ:
+        return launch_processes(cfg)
     if not cuda and "BF16" not in os.environ:
         cfg["trainer"]["bf16"] = False  # a tiny local model on CPU trains in fp32
     try:
@@ -174,7 +292,11 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"tarpo launch: error: {exc}", file=sys.stderr)
         return 2
+    if not main_process:
+        return 0
     print(f"adapter and router saved to {adapter}")
+    if launched:  # the process that launched this one evaluates, once every process has ended
+        return 0
     return evaluate(cfg, adapter) if cfg["eval"] else 0
 
 

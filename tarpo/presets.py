@@ -119,6 +119,7 @@ VARIABLES = {
 SETTINGS = {
     "MODEL": str, "ALGO": str, "DATA_PATH": str, "OUT_DIR": str, "RUN_NAME": str, "TRAIN_LIMIT": int,
     "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool, "BACKEND": str,
+    "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str,
 }
 
 
@@ -138,6 +139,19 @@ def variable_of(field: str) -> str | None:
     ('LR', None)
     """
     return next((name for name, (f, _) in VARIABLES.items() if f == field), None)
+
+
+def configured_processes(path: str) -> int:
+    """The ``num_processes`` of an accelerate config file, 1 where it leaves it open; a file that
+    accelerate cannot read raises ``ValueError`` naming ACCELERATE_CONFIG."""
+    if not os.path.isfile(path):
+        raise ValueError(f"ACCELERATE_CONFIG={path}: no such file")
+    from accelerate.commands.config.config_args import load_config_from_file
+    try:
+        n = getattr(load_config_from_file(path), "num_processes", 1)
+    except Exception as exc:  # YAML/JSON syntax, unknown keys, a bad value: whatever accelerate would fail on
+        raise ValueError(f"ACCELERATE_CONFIG={path}: not an accelerate config file ({exc})") from None
+    return n if isinstance(n, int) and n >= 1 else 1
 
 
 def _parse(name, parser, raw):
@@ -166,7 +180,7 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
             raise ValueError(f"MODEL={model_key!r}: no such folder")
         if "/" not in model_key:
             raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
-    for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT"):
+    for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
     data = DATASETS[dataset]
@@ -179,11 +193,18 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         raise ValueError(f"GROUP_SIZE={group}: a group-relative advantage needs at least 2 completions per prompt")
     if batch < 1 or batch % group:
         raise ValueError(f"BATCH={batch}: completions per step must be a positive multiple of GROUP_SIZE={group}")
+    # several processes share the step's completions: BATCH stays the completions per optimizer step
+    accelerate_config = s.get("ACCELERATE_CONFIG")
+    processes = s.get("NUM_PROCESSES", configured_processes(accelerate_config) if accelerate_config else 1)
+    if batch % processes:
+        raise ValueError(f"BATCH={batch}: the completions of a step are shared by NUM_PROCESSES={processes} "
+                         "processes, so BATCH must be a multiple of it")
+    trainer["per_device_train_batch_size"] = batch // processes
     model = preset["hub_id"] if preset else model_key
     short = model_key.lower() if preset else os.path.basename(os.path.normpath(model_key))
     b0 = trainer["action_bias"]
     name = s.get("RUN_NAME") or (f"{dataset}-{short}-{algo}-g{trainer['num_generations']}"
-                                 f"-bs{trainer['per_device_train_batch_size']}-lr{trainer['learning_rate']:g}"
+                                 f"-bs{batch}-lr{trainer['learning_rate']:g}"
                                  f"-beta{trainer['beta']:g}-b0{b0[0]:g}-s{trainer['seed']}")
     out = os.path.join(s.get("OUT_DIR", "runs"), name)
     trainer["output_dir"] = out
@@ -193,5 +214,6 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
         "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo]["eval_mode"],
         "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),
-        "dry_run": s.get("DRY_RUN", False), "backend": s.get("BACKEND", "auto"), "trainer": trainer,
+        "dry_run": s.get("DRY_RUN", False), "backend": s.get("BACKEND", "auto"),
+        "num_processes": processes, "accelerate_config": accelerate_config, "trainer": trainer,
     }

@@ -18,7 +18,9 @@ needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
 
 
 def launch(script, timeout=120, **env):
-    clean = {k: v for k, v in os.environ.items() if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN")}
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN", "NUM_PROCESSES", "ACCELERATE_CONFIG",
+                          "ACCELERATE_USE_CPU")}
     return subprocess.run(["bash", os.path.join(ROOT, script)], capture_output=True, text=True, timeout=timeout,
                           env={**clean, "HF_HUB_OFFLINE": "1", **env})
 
@@ -103,10 +105,129 @@ def test_the_compiled_engine_is_refused_on_unsloth_before_anything_loads():
 @pytest.mark.parametrize("env, message", [
     ({"BETA": "abc"}, "BETA='abc'"), ({"ALGO": "ppo"}, "ALGO='ppo': must be one of"),
         ({"MODEL": "qwen9"}, "MODEL='qwen9': not a preset"), ({"DATA_PATH": "/no/such"}, "DATA_PATH=/no/such"),
+    ({"NUM_PROCESSES": "0"}, "NUM_PROCESSES=0: must be >= 1"), ({"NUM_PROCESSES": "x"}, "NUM_PROCESSES='x'"),
+    ({"ACCELERATE_CONFIG": "/no/such"}, "ACCELERATE_CONFIG=/no/such: no such file"),
+    ({"NUM_PROCESSES": "3"}, "BATCH=64: the completions of a step are shared by NUM_PROCESSES=3"),
 ])
 def test_bad_settings_name_the_variable(env, message):
     res = launch("run_math.sh", DRY_RUN="1", **env)
     assert res.returncode == 2 and message in res.stderr
+
+
+ACCELERATE = ["-m", "accelerate.commands.launch"]
+
+
+def test_dry_run_with_two_processes_shows_the_accelerate_command():
+    res = launch("run_math.sh", DRY_RUN="1", NUM_PROCESSES="2", ACCELERATE_USE_CPU="true")
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"^ *num_processes = 2$", res.stdout, re.M)
+    cfg = json.loads(res.stdout.strip().splitlines()[-1])
+    assert cfg["num_processes"] == 2 and cfg["accelerate_config"] is None
+    command = cfg["launch_command"].split()
+    assert command[1:] == [*ACCELERATE, "--num_processes", "2", "--multi_gpu", "-m", "tarpo.launch", "math"]
+    assert f"launch_command = {cfg['launch_command']}" in res.stdout
+    # BATCH stays the completions per optimizer step: each process makes half of them; the run is the same run
+    assert cfg["trainer"]["per_device_train_batch_size"] == 32
+    assert os.path.basename(cfg["run_dir"]) == "math-qwen2.5-3b-tarpo-g8-bs64-lr5e-06-beta0.005-b02.2-s0"
+    one = dry_run("run_math.sh")
+    assert (one["num_processes"], one["launch_command"], one["trainer"]["per_device_train_batch_size"]) == (1, None, 64)
+
+
+def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path):
+    from tarpo.presets import resolve
+
+    config = tmp_path / "fsdp.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 4\n"
+                      "mixed_precision: bf16\n")
+    cfg = dry_run("run_gsm8k.sh", ACCELERATE_CONFIG=str(config))
+    assert cfg["num_processes"] == 4 and cfg["trainer"]["per_device_train_batch_size"] == 8  # BATCH=32 over 4
+    assert cfg["launch_command"].split()[1:] == [*ACCELERATE, "--num_processes", "4", "--config_file", str(config),
+                                                 "-m", "tarpo.launch", "gsm8k"]
+    assert resolve("gsm8k", {"ACCELERATE_CONFIG": str(config), "NUM_PROCESSES": "2"})["num_processes"] == 2
+    config.write_text("distributed_type: [\n")
+    with pytest.raises(ValueError, match="ACCELERATE_CONFIG=.*fsdp.yaml: not an accelerate config file"):
+        resolve("gsm8k", {"ACCELERATE_CONFIG": str(config)})
+
+
+def test_several_processes_need_cuda_or_accelerate_use_cpu(monkeypatch):
+    from tarpo.launch import check_processes, cpu_requested
+
+    two, four = {"num_processes": 2, "accelerate_config": None}, {"num_processes": 4, "accelerate_config": None}
+    with pytest.raises(ValueError, match="NUM_PROCESSES=2: no CUDA device.*ACCELERATE_USE_CPU=true"):
+        check_processes(two, devices=0, cpu=False)
+    with pytest.raises(ValueError, match="NUM_PROCESSES=4: this machine has 2 CUDA device"):
+        check_processes(four, devices=2, cpu=False)
+    check_processes(two, devices=2, cpu=False)
+    check_processes({"num_processes": 4, "accelerate_config": "multi-node.yaml"}, devices=2, cpu=False)  # machines
+    check_processes({"num_processes": 1, "accelerate_config": None}, devices=0, cpu=False)
+    check_processes(two, devices=0, cpu=True)  # CI: processes on the CPU, gloo
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    assert cpu_requested() is False
+    for value, cpu in (("true", True), ("1", True), ("False", False)):
+        monkeypatch.setenv("ACCELERATE_USE_CPU", value)
+        assert cpu_requested() is cpu
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "cpu")
+    with pytest.raises(ValueError, match="ACCELERATE_USE_CPU='cpu': must be true or false"):
+        cpu_requested()
+    monkeypatch.delenv("ACCELERATE_USE_CPU")
+    import torch
+    if not torch.cuda.is_available():  # the launcher refuses before anything loads, naming the variable
+        res = launch("run_gsm8k.sh", NUM_PROCESSES="2")
+        assert res.returncode == 2 and "NUM_PROCESSES=2: no CUDA device" in res.stderr
+
+
+def tiny_model_folder(path):
+    tok = char_tokenizer()
+    tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_path, monkeypatch):
+    """The launching process runs the training processes, then the evaluation, with one accelerate prefix."""
+    import tarpo.launch as launcher
+
+    for name in ("RANK", "LOCAL_RANK", launcher.LAUNCHED):
+        monkeypatch.delenv(name, raising=False)
+    env = dict(MODEL=tiny_model_folder(tmp_path / "tiny"), OUT_DIR=str(tmp_path / "runs"), NUM_PROCESSES="2",
+               ACCELERATE_USE_CPU="true", EVAL="1", EVAL_N="2", DRY_RUN="0")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    ran = []
+    monkeypatch.setattr(launcher, "run_command", lambda cmd, env: ran.append((cmd, env)) or 0)
+    monkeypatch.setattr(launcher, "train", lambda cfg: pytest.fail("the launching process trained"))
+    assert launcher.main(["gsm8k"]) == 0
+    (train_cmd, train_env), (eval_cmd, eval_env) = ran
+    prefix = [launcher.sys.executable, *ACCELERATE, "--num_processes", "2", "--multi_gpu"]
+    assert train_cmd == [*prefix, "-m", "tarpo.launch", "gsm8k"] and train_env[launcher.LAUNCHED] == "1"
+    run = tmp_path / "runs" / "gsm8k-tiny-tarpo-g4-bs32-lr5e-06-beta0.005-b04.6-s0"
+    assert eval_cmd[:len(prefix) + 3] == [*prefix, "-m", "tarpo.cli", "eval"]
+    assert eval_cmd[eval_cmd.index("--adapter") + 1] == str(run / "adapter")
+    assert eval_cmd[eval_cmd.index("--out") + 1] == str(run / "eval") and launcher.LAUNCHED not in eval_env
+    assert not run.exists()  # the launching process writes nothing itself
+
+    # in the launched processes: every one trains, none evaluates (the launching process does), rank 0 alone prints
+    monkeypatch.setenv(launcher.LAUNCHED, "1")
+    trained = []
+    monkeypatch.setattr(launcher, "train", lambda cfg: trained.append(cfg["trainer"]["per_device_train_batch_size"])
+                        or str(run / "adapter"))
+    monkeypatch.setattr(launcher, "evaluate", lambda cfg, adapter: pytest.fail("a launched process evaluated"))
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        assert launcher.main(["gsm8k"]) == 0
+    assert trained == [16, 16] and len(ran) == 2
+
+
+def test_the_main_process_is_rank_0(monkeypatch):
+    from tarpo.launch import process_rank
+
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert process_rank() == 0
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert process_rank() == 1
+    monkeypatch.setenv("RANK", "0")  # the global rank decides (node 0's first process)
+    assert process_rank() == 0
 
 
 def test_hub_model_without_cuda_points_to_the_demo():
