@@ -236,7 +236,7 @@ class TarpoConfig(GRPOConfig):
                                           "with BACKEND=unsloth it is Unsloth's fast decode path); 'compiled', one "
                                           "static-shape step under torch.compile (CUDA graphs on CUDA), transformers "
                                           "backend only (tarpo.static_decode); 'auto', compiled on the transformers "
-                                          "backend (1.6x the eager engine on CPU, benchmarks/bench_rollout.py), eager "
+                                          "backend (2.4x the eager engine on CPU, benchmarks/bench_rollout.py), eager "
                                           "with Unsloth. In training both engines draw the same samples (keyed noise, "
                                           "docs/rollout-engines.md)."})
     compact_finished_rows: bool = field(
