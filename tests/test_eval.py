@@ -8,31 +8,13 @@ import sys
 import time
 
 import pytest
-from peft import LoraConfig, get_peft_model
 
 from tarpo.cli import main as cli
 from tarpo.metrics import pass_at_k
-from tarpo.router import Router
-from tarpo.tiny import char_tokenizer, tiny_causal_lm
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
                                 reason="../shared/data is not beside the checkout")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A saved random Qwen2 + char tokenizer, and an adapter folder with a 50/50 router."""
-    root = tmp_path_factory.mktemp("tiny")
-    tok = char_tokenizer()
-    model = tiny_causal_lm(tok, "qwen2", seed=0)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                            init_lora_weights=False))
-    peft.save_pretrained(root / "adapter")
-    Router(model.config.hidden_size, bias=(0.0, 0.0)).save(str(root / "adapter"))
-    return str(root / "model"), str(root / "adapter")
 
 
 def eval_args(tiny, out, *extra):
