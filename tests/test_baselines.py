@@ -17,7 +17,7 @@ from tarpo.sampling import filter_logits
 from tarpo.scoring import score_rollout, sequence_hidden
 from tarpo.tiny import tiny_causal_lm
 from tarpo.trainer import TarpoTrainer
-from test_eval import DATA, needs_data, tiny  # noqa: F401 (tiny: the saved tiny model fixture)
+from test_eval import DATA, needs_data  # the tiny saved system: the `tiny` fixture of conftest.py
 from test_trainer import letter_reward, make_args, make_dataset
 
 
