@@ -105,6 +105,32 @@ class Rollout:
         return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
+def new_records(batch: int, steps: int, k: int, soft_input_dim: int, pad_token_id: int, device) -> dict:
+    """The ``[B, T]`` record buffers of a rollout (both engines), as a step that never ran leaves
+    them: pad tokens, False, 0. ``soft_input_dim``: d where soft steps feed a recorded full
+    mixture (HRPO's, Soft Tokens'), else 0."""
+    B, T, z = batch, steps, dict(device=device)
+    return dict(
+        token_ids=torch.full((B, T), pad_token_id, dtype=torch.long, **z),
+        completion_mask=torch.zeros(B, T, dtype=torch.bool, **z),
+        is_soft=torch.zeros(B, T, dtype=torch.bool, **z),
+        decided=torch.zeros(B, T, dtype=torch.bool, **z),
+        soft_ids=torch.zeros(B, T, k, dtype=torch.long, **z),
+        soft_weights=torch.zeros(B, T, k, dtype=torch.float32, **z),
+        p_soft=torch.zeros(B, T, dtype=torch.float32, **z),
+        entropy=torch.zeros(B, T, dtype=torch.float32, **z),
+        logp=torch.zeros(B, T, dtype=torch.float32, **z),
+        soft_inputs=torch.zeros(B, T, soft_input_dim, dtype=torch.float32, **z),
+    )
+
+
+def steps_that_ran(completion_mask: torch.Tensor) -> int:
+    """The steps up to the last one some row ran (at least 1): where an engine that kept stepping
+    for finished rows (fixed batch, lockstep) cuts its records."""
+    ran = completion_mask.any(0)
+    return int(ran.nonzero().max()) + 1 if bool(ran.any()) else 1
+
+
 def resolve_engine(engine: str, backbone) -> str:
     """``"auto"`` -> ``"compiled"`` for a backbone that feeds ``inputs_embeds`` to the transformers
     decoder, ``"eager"`` for one with its own decode path (Unsloth's, :mod:`tarpo.hooks`)."""
@@ -206,38 +232,26 @@ def hybrid_generate(
         if row_ids is None:
             row_ids = torch.arange(prompt_ids.shape[0])
         keys = row_keys(noise_seed, row_ids.to(prompt_ids.device))
+    gaussian = spec.routing == "soft_tokens"
+    gate = latent if spec.routing == "hrpo" else None
+    full_mix = gaussian or (gate is not None and gate.mixture == "full")  # soft steps feed a recorded full mixture
     if engine == "compiled":
         from .static_decode import compiled_generate
         return compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids,
-                                 pad_token_id, keys, latent=latent, lockstep=lockstep)
-    gaussian = spec.routing == "soft_tokens"
-    gate = latent if spec.routing == "hrpo" else None
+                                 pad_token_id, keys, latent, gaussian, gate, full_mix, lockstep)
     compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
     with backbone.decoding():
         return _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
-                       generator, latent, gaussian, gate, compact, keys, lockstep)
+                       generator, latent, gaussian, gate, full_mix, compact, keys, lockstep)
 
 
 def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id, generator,
-            latent, gaussian, gate, compact, keys, lockstep) -> Rollout:
+            latent, gaussian, gate, full_mix, compact, keys, lockstep) -> Rollout:
     device = prompt_ids.device
     B, T, k = prompt_ids.shape[0], spec.max_new_tokens, spec.soft_top_k
     E = backbone.embed_weight
     eos = torch.as_tensor(list(eos_token_ids), device=device)
-    full_mix = gaussian or (gate is not None and gate.mixture == "full")  # soft steps feed a recorded full mixture
-
-    rec = dict(
-        token_ids=torch.full((B, T), pad_token_id, dtype=torch.long, device=device),
-        completion_mask=torch.zeros(B, T, dtype=torch.bool, device=device),
-        is_soft=torch.zeros(B, T, dtype=torch.bool, device=device),
-        decided=torch.zeros(B, T, dtype=torch.bool, device=device),
-        soft_ids=torch.zeros(B, T, k, dtype=torch.long, device=device),
-        soft_weights=torch.zeros(B, T, k, dtype=torch.float32, device=device),
-        p_soft=torch.zeros(B, T, dtype=torch.float32, device=device),
-        entropy=torch.zeros(B, T, dtype=torch.float32, device=device),
-        logp=torch.zeros(B, T, dtype=torch.float32, device=device),
-        soft_inputs=torch.zeros(B, T, E.shape[1] if full_mix else 0, dtype=torch.float32, device=device),
-    )
+    rec = new_records(B, T, k, E.shape[1] if full_mix else 0, pad_token_id, device)
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
     tracker = TagTracker(piece, spec.answer_tag, B)
 
@@ -327,7 +341,6 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
         next_pos = next_pos + 1
 
     if lockstep is not None:  # steps run for other ranks' rows recorded nothing here
-        ran = rec["completion_mask"].any(0)
-        steps = int(ran.nonzero().max()) + 1 if bool(ran.any()) else 1
+        steps = steps_that_ran(rec["completion_mask"])
     rec = {name: value[:, :steps] for name, value in rec.items()}
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, ended_with_eos=ended_with_eos, **rec)

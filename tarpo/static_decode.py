@@ -6,8 +6,8 @@ tracker in Python, a dozen GPU->CPU syncs a step. This engine runs the same deci
 process as one function with fixed shapes and no host sync, compiled once with
 ``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``, CUDA graphs, on CUDA)::
 
-    h_t -> logits -> filters -> token (Gumbel-max on pre-drawn uniforms) -> log-prob, entropy
-        -> router draw (pre-drawn uniform) -> answer-tag automaton -> top-k mixture (dense)
+    h_t -> logits -> filters -> token (Gumbel-max on keyed noise) -> log-prob, entropy
+        -> router draw (keyed noise) -> answer-tag automaton -> top-k mixture (dense)
         -> next input (torch.where soft/hard) -> records written at step t -> decoder -> h_t+1
 
 - **Cache and mask.** A ``StaticCache`` of ``L`` positions, ``L`` = prompt + new tokens rounded
@@ -47,9 +47,6 @@ from .sampling import (STREAM_GAUSSIAN, STREAM_ROUTE, STREAM_TOKEN, filter_logit
 CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
 
-RECORD_FIELDS = ("token_ids", "completion_mask", "is_soft", "decided", "soft_ids", "soft_weights", "p_soft",
-                 "entropy", "logp", "soft_inputs")
-
 
 @dataclass(frozen=True)
 class StepSettings:
@@ -76,8 +73,8 @@ def decode_step(backbone, router, gate, c: StepSettings, hidden, state, rec, cac
     """One decode step for every row; returns ``(h_{t+1}, state_{t+1})`` and writes ``rec[:, t]``.
 
     ``state``: ``t`` (0-d long), ``pos`` [B] next position ids, ``tag`` [B] automaton states,
-    ``thinking`` / ``alive`` / ``ended`` [B] bool; ``keys`` [B]: the rows' noise keys. The decisions are those of the eager engine
-    (:func:`tarpo.rollout._decode`), computed densely for all rows.
+    ``thinking`` / ``alive`` / ``ended`` [B] bool; ``keys`` [B]: the rows' noise keys. The decisions
+    are those of the eager engine (:func:`tarpo.rollout._decode`), computed densely for all rows.
     """
     t, alive = state["t"], state["alive"]
     E = backbone.embed_weight
@@ -248,24 +245,13 @@ class StaticDecoder:
     """Cache and record buffers for rollouts of one shape; reused while the shape holds."""
 
     def __init__(self, backbone: Backbone, key: tuple):
+        from .rollout import new_records
+
         self.key = key
         B, T, cache_len, k, full_mix, device, _ = key
-        d = backbone.embed_weight.shape[1]
         self.cache = StaticCache(config=backbone.config, max_cache_len=cache_len)
-        z = dict(device=device)
-        self.rec = dict(
-            token_ids=torch.zeros(B, T, dtype=torch.long, **z),
-            completion_mask=torch.zeros(B, T, dtype=torch.bool, **z),
-            is_soft=torch.zeros(B, T, dtype=torch.bool, **z),
-            decided=torch.zeros(B, T, dtype=torch.bool, **z),
-            soft_ids=torch.zeros(B, T, k, dtype=torch.long, **z),
-            soft_weights=torch.zeros(B, T, k, dtype=torch.float32, **z),
-            p_soft=torch.zeros(B, T, dtype=torch.float32, **z),
-            entropy=torch.zeros(B, T, dtype=torch.float32, **z),
-            logp=torch.zeros(B, T, dtype=torch.float32, **z),
-            soft_inputs=torch.zeros(B, T, d if full_mix else 0, dtype=torch.float32, **z),
-        )
-        self.mask = torch.ones(B, cache_len, dtype=torch.long, **z)
+        self.rec = new_records(B, T, k, backbone.embed_weight.shape[1] if full_mix else 0, 0, device)
+        self.mask = torch.ones(B, cache_len, dtype=torch.long, device=device)
         if torch.device(device).type == "cuda":  # CUDA graphs: buffers written in the graph keep their address
             for buf in self.rec.values():
                 torch._dynamo.mark_static_address(buf)
@@ -301,19 +287,17 @@ def check_backbone(backbone) -> None:
 
 @torch.no_grad()
 def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
-                      keys: torch.Tensor, latent=None, lockstep=None):
-    """:func:`tarpo.rollout.hybrid_generate` with ``engine="compiled"`` (arguments checked there);
-    ``keys``: the rows' noise keys (:func:`tarpo.sampling.row_keys`)."""
-    from .rollout import DONE_CHECK_EVERY, Rollout
+                      keys: torch.Tensor, latent, gaussian: bool, gate, full_mix: bool, lockstep=None):
+    """:func:`tarpo.rollout.hybrid_generate` with ``engine="compiled"`` (arguments checked and the
+    routing's latent settings resolved there); ``keys``: the rows' noise keys
+    (:func:`tarpo.sampling.row_keys`)."""
+    from .rollout import DONE_CHECK_EVERY, Rollout, steps_that_ran
 
     check_backbone(backbone)
     device = prompt_ids.device
     B, P = prompt_ids.shape
     T, E = spec.max_new_tokens, backbone.embed_weight
     vocab = backbone.lm_head.weight.shape[0]
-    gaussian = spec.routing == "soft_tokens"
-    gate = latent if spec.routing == "hrpo" else None
-    full_mix = gaussian or (gate is not None and gate.mixture == "full")
     cache_len = -(-(P + T) // CACHE_BUCKET) * CACHE_BUCKET
     engine = _engine(backbone, B, T, cache_len, spec.soft_top_k, full_mix, device)
     engine.reset(pad_token_id, prompt_mask.long())
@@ -349,7 +333,6 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
             elif flag.read_then_post(state["alive"].any()) is False:
                 break
 
-    ran = engine.rec["completion_mask"].any(0)
-    steps = int(ran.nonzero().max()) + 1 if bool(ran.any()) else 1
-    rec = {name: engine.rec[name][:, :steps].clone() for name in RECORD_FIELDS}
+    steps = steps_that_ran(engine.rec["completion_mask"])
+    rec = {name: buf[:, :steps].clone() for name, buf in engine.rec.items()}
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, ended_with_eos=state["ended"].clone(), **rec)
