@@ -11,12 +11,14 @@
   lockstep decode of sharded models (every rank must make the same decoder calls; tested, both
   engines). The trainer itself refuses sharded parameters for now (:func:`check_not_sharded`).
 - :func:`rollout_seed`: the noise seed of a rollout, the same on every rank and after a resume.
+- :func:`cpu_requested`: ``ACCELERATE_USE_CPU``, read the way accelerate reads it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -72,6 +74,16 @@ def check_not_sharded(accelerator) -> None:
     if getattr(accelerator.state, "fsdp_plugin", None) is not None or (plugin is not None and plugin.zero_stage == 3):
         raise ValueError("TarpoTrainer does not support sharded parameters yet (FSDP, DeepSpeed ZeRO-3): use DDP "
                          "(accelerate launch --multi_gpu) or ZeRO stage 1-2; see docs/several-gpus.md")
+
+
+def cpu_requested() -> bool:
+    """ACCELERATE_USE_CPU=true: accelerate and the Trainer run every process on the CPU (gloo). A value
+    they would not read is named here."""
+    raw = os.environ.get("ACCELERATE_USE_CPU")
+    value = "false" if raw is None else raw.strip().lower()
+    if value not in ("1", "true", "yes", "y", "t", "on", "0", "false", "no", "n", "f", "off"):
+        raise ValueError(f"ACCELERATE_USE_CPU={raw!r}: must be true or false")
+    return value in ("1", "true", "yes", "y", "t", "on")
 
 
 def rollout_seed(seed: int, step: int, index: int) -> int:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from .evaluation import GREEDY_MODES, MODES, ROUTER_MODES, sample, score_records, summarize
+from .distributed import cpu_requested
 from .files import write_json_atomic
 from .graders import canonical_answers, grader_versions
 from .latent import HRPO_WEIGHTS
@@ -203,8 +204,7 @@ def processes() -> tuple[int, int, torch.device | None]:
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return 0, 1, None
         dist.init_process_group("gloo", timeout=timedelta(hours=2))
-    from accelerate.utils import parse_flag_from_env
-    if torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU"):
+    if torch.cuda.is_available() and not cpu_requested():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 
+from .distributed import cpu_requested
 from .files import write_json_atomic
 from .presets import resolve
 
@@ -40,16 +41,6 @@ def process_rank() -> int:
     """This process's rank among the processes of the run (RANK, else LOCAL_RANK, as ``accelerate
     launch`` sets them); 0 when it runs alone. Rank 0 is the main process."""
     return int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
-
-
-def cpu_requested() -> bool:
-    """ACCELERATE_USE_CPU=true: accelerate and the Trainer run every process on the CPU (gloo). A value
-    they would not read is named here."""
-    raw = os.environ.get("ACCELERATE_USE_CPU")
-    value = "false" if raw is None else raw.strip().lower()
-    if value not in ("1", "true", "yes", "y", "t", "on", "0", "false", "no", "n", "f", "off"):
-        raise ValueError(f"ACCELERATE_USE_CPU={raw!r}: must be true or false")
-    return value in ("1", "true", "yes", "y", "t", "on")
 
 
 def accelerate_prefix(cfg: dict) -> list[str] | None:

@@ -150,7 +150,8 @@ def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path)
 
 
 def test_several_processes_need_cuda_or_accelerate_use_cpu(monkeypatch):
-    from tarpo.launch import check_processes, cpu_requested
+    from tarpo.distributed import cpu_requested
+    from tarpo.launch import check_processes
 
     two, four = {"num_processes": 2, "accelerate_config": None}, {"num_processes": 4, "accelerate_config": None}
     with pytest.raises(ValueError, match="NUM_PROCESSES=2: no CUDA device.*ACCELERATE_USE_CPU=true"):
