@@ -64,7 +64,8 @@ PINNED = {
     "min_p": (None, "the token policy's filters are top_k and top_p only (tarpo.sampling)"),
     "repetition_penalty": (1.0, "the token policy has no repetition penalty (tarpo.sampling)"),
     "generation_kwargs": (None, "the hybrid decode loop takes no generate() arguments"),
-    "cache_implementation": (None, "the hybrid decode loop uses a DynamicCache"),
+    "cache_implementation": (None, "the rollout engines keep their own caches (eager: DynamicCache, compiled: "
+                                   "StaticCache; rollout_engine)"),
     "chat_template_kwargs": (None, "prompts are encoded by tarpo.prompts with the tokenizer's chat template"),
     "pad_to_multiple_of": (None, "prompts and completions are not padded to a multiple"),
     "num_generations_eval": (None, "evaluation groups are num_generations completions, like training's"),
