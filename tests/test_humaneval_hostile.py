@@ -32,6 +32,18 @@ def _wrong(name, args, value="False"):
     return f"def {name}({args}):\n    return {value}\n"
 
 
+def _exit_when_check_is_called(install):
+    """A wrong answer that installs a Python hook (``sys.setprofile`` / ``sys.settrace``) exiting 0 as
+    soon as the harness's ``check`` is called."""
+    return textwrap.dedent(f"""\
+        import os, sys
+        def _hook(frame, event, arg):
+            if event == "call" and frame.f_code.co_name == "check":
+                os._exit(0)
+        sys.{install}(_hook)
+        """) + _wrong("has_close_elements", "numbers, threshold")
+
+
 # (task index, completion code): every one is wrong, and every one scored 1.0 before the fix.
 HOSTILE = {
     "os_exit": (0, "import os\n" + _wrong("has_close_elements", "numbers, threshold") + "os._exit(0)\n"),
@@ -87,24 +99,8 @@ HOSTILE = {
     "shadow_builtin": (2, "abs = lambda x: 0\n" + _wrong("truncate_number", "number", "0.5")),
     "rebind_builtins_module": (2, "import builtins\nbuiltins.abs = lambda x: 0\n"
                                + _wrong("truncate_number", "number", "0.5")),
-    "setprofile_on_check": (0, textwrap.dedent("""\
-        import os, sys
-        def _hook(frame, event, arg):
-            if event == "call" and frame.f_code.co_name == "check":
-                os._exit(0)
-        sys.setprofile(_hook)
-        def has_close_elements(numbers, threshold):
-            return False
-        """)),
-    "settrace_on_check": (0, textwrap.dedent("""\
-        import os, sys
-        def _trace(frame, event, arg):
-            if event == "call" and frame.f_code.co_name == "check":
-                os._exit(0)
-        sys.settrace(_trace)
-        def has_close_elements(numbers, threshold):
-            return False
-        """)),
+    "setprofile_on_check": (0, _exit_when_check_is_called("setprofile")),
+    "settrace_on_check": (0, _exit_when_check_is_called("settrace")),
     "read_benchmark_file": (0, textwrap.dedent("""\
         import json, os
         def _canonical(task_id, roots):
