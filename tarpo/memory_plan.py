@@ -10,8 +10,8 @@ micro-batches ``mb``; ``L = P + T``, prompt and completion lengths; ``w`` = 2 by
 
 - rollout: weights + LoRA/router/optimizer + KV cache + records +
   max(prefill of B x P tokens, one decode step's vocabulary-sized temporaries);
-- training micro-batch: the same persistent part + fp32 gradients + what the rollout leaves
-  behind (the compiled engine keeps its StaticCache and buffers on the model) +
+- training micro-batch: the same persistent part + fp32 gradients + the rollout's records (its
+  cache and buffers are released when it returns) +
   ``mb * L * per_token`` + max(one layer's recomputed activations, one log-prob chunk).
 
 Worked example, Qwen2.5-3B-Instruct on MATH (B = 64, P = T = 1024) at micro-batch 8, 16,384
@@ -19,15 +19,15 @@ tokens: the 36 layers' checkpoints and the copies of the hidden state cost
 ``w*d*(36 + 5) + 8*d + 2*w*128 + 3*L = 190,976`` bytes a token (2.91 GiB), then the larger of one
 recomputed layer, ``4*w*d + 6*w*11008 + 4*16 = 148,544`` bytes a token (2.27 GiB), and one log-prob
 chunk, ``16 * 1024 * 151,936`` bytes (2.32 GiB): 5.23 GiB of activations, beside 5.75 GiB of
-weights and the 4.5 GiB KV cache (64 rows x 2,048 positions x 36 layers x 1 KiB) that the
-compiled engine keeps from the rollout::
+weights. The rollout's peak holds the 4.5 GiB KV cache (64 rows x 2,048 positions x 36 layers x
+1 KiB), released before training::
 
     >>> s = shapes_of(preset_config("qwen2.5-3b"), ["q_proj", "k_proj", "v_proj", "o_proj"], 32)
     >>> s.params, s.lora_params
     (3085938688, 14745600)
     >>> p = plan(s, Run(rows=64, prompt=1024, completion=1024), micro_batch=8)
     >>> round(p["rollout_gib"], 1), round(p["train_gib"], 1)
-    (15.6, 16.1)
+    (15.6, 11.1)
 """
 
 from __future__ import annotations
@@ -174,10 +174,10 @@ def train_bytes(s: Shapes, run: Run, micro_batch: int) -> dict:
     layer = micro_batch * L * (4 * w * q + 6 * w * s.intermediate + 4 * s.heads)
     chunk = CHUNK_BYTES * (2 if run.full_kl else 1) * min(run.chunk, micro_batch * T) * s.vocab
     mixing = min(1024, micro_batch * T) * run.soft_top_k * d * (8 + w)  # gathered rows, fp32 copy, weighted
-    left = rollout_bytes(s, run)
-    kept_by_rollout = left["kv_cache"] + (VOCAB_STEP_BYTES * run.rows * s.vocab if run.engine == "compiled" else 0)
+    # the rollout's cache and buffers are released when it returns (every engine): its records stay,
+    # once, in the trainer's buffer of the generation batch
     return {**persistent_bytes(s, run), "gradients": s.lora_params * 4 + 4 * (2 * d + 2),
-            "rollout_left": kept_by_rollout + (2 if run.engine == "compiled" else 1) * records_bytes(s, run),
+            "rollout_left": records_bytes(s, run),
             "activations": micro_batch * L * per_token + max(layer, chunk, mixing)}
 
 

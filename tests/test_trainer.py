@@ -188,3 +188,31 @@ def test_passed_peft_model_uses_disabled_adapter_as_reference(tokenizer, tmp_pat
                            train_dataset=make_dataset(), processing_class=tokenizer)
     assert list(trainer.model.peft_config) == ["default"]
     trainer.train()
+
+
+def test_a_training_run_compiles_one_decode_graph_whatever_its_prompt_lengths(tokenizer, tmp_path, monkeypatch):
+    """Training decodes every batch in the run's shape (prompt budget + completion, generation batch):
+    one compiled graph, though each step's prompt has another length (cache buckets of 64 apart)."""
+    from torch._dynamo.utils import counters
+
+    from tarpo import trainer as trainer_module
+    from tarpo.tiny import tiny_causal_lm
+
+    torch._dynamo.reset()
+    counters.clear()
+    lengths = [3, 70, 150]
+    dataset = datasets.Dataset.from_list([{"prompt": "q" * n, "answer": "1"} for n in lengths])
+    args = make_args(tmp_path, rollout_engine="compiled", max_prompt_length=160, max_steps=3,
+                     per_device_train_batch_size=4, num_generations=4, data_seed=1)
+    trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, "qwen2", seed=0), reward_funcs=letter_reward, args=args,
+                           train_dataset=dataset, processing_class=tokenizer)
+    seen = []
+    original = trainer_module.hybrid_generate
+
+    def recording(backbone, router, prompt_ids, prompt_mask, *args, **kwargs):
+        seen.append(int(prompt_mask.sum(-1).max()))
+        return original(backbone, router, prompt_ids, prompt_mask, *args, **kwargs)
+    monkeypatch.setattr(trainer_module, "hybrid_generate", recording)
+    trainer.train()
+    assert sorted(seen) == lengths, "each step should decode another prompt length"
+    assert counters["stats"]["unique_graphs"] == 1
