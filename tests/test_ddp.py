@@ -48,6 +48,17 @@ def test_every_rank_holds_the_same_parameters_after_every_step(runs):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"ranks differ at step {step}"
 
 
+def test_every_rank_holds_the_reference_router_that_training_starts_from(runs):
+    """Issue #25: TRL seeds each rank differently, so each drew its own router; DDP trains rank 0's, and the
+    frozen reference (not a parameter DDP broadcasts) must be that router on every rank too."""
+    refs = [torch.load(runs / "two" / f"ref-router-rank{rank}.pt") for rank in (0, 1)]
+    assert refs[0].keys() == refs[1].keys() == {"proj.weight", "proj.bias"}
+    assert all(torch.equal(refs[0][k], refs[1][k]) for k in refs[0]), "the ranks' reference routers differ"
+    if runs.name.startswith("learned"):  # a trained router: the reference is where its training starts
+        start = trainable(runs / "two", 0, 0)
+        assert all(torch.equal(v, start[f"base_model.model.tarpo_router.{k}"]) for k, v in refs[0].items())
+
+
 def test_two_processes_equal_one_process_over_the_same_global_batch(runs):
     start = trainable(runs / "one", 0, 0)
     for step in range(1, STEPS + 1):
