@@ -7,6 +7,10 @@
   does not fit a ``model(input_ids)`` call (it rebuilds soft inputs, reads hidden states and
   scores log-probs in chunks), so the wrapped module's own ``forward`` is swapped for the
   scoring function during the call: DDP's hooks run around it as around any forward.
+- :func:`same_on_every_rank`: rank 0's parameters of a module copied to every rank, for what must
+  equal the model DDP trains before DDP has wrapped it (DDP starts every rank from rank 0's
+  parameters): the frozen reference router is copied from the router in the trainer's ``__init__``,
+  and TRL seeds every rank differently before the router is drawn.
 - :func:`any_rank`: one small all-reduce, "does any rank still have a running row", for the
   lockstep decode of sharded models (every rank must make the same decoder calls; tested, both
   engines). The trainer itself refuses sharded parameters for now (:func:`check_not_sharded`).
@@ -53,6 +57,16 @@ def forward_through(wrapped: torch.nn.Module, inner: torch.nn.Module, fn):
     ``fn`` returns a dict of tensors (DDP looks for the tensors of a forward's output)."""
     with forward_as(inner, fn):
         return wrapped()
+
+
+@torch.no_grad()
+def same_on_every_rank(module: torch.nn.Module) -> torch.nn.Module:
+    """Rank 0's parameters and buffers of ``module`` copied into every rank's (all ranks call it together,
+    each with the module on its own device); ``module`` unchanged without torch.distributed."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0)
+    return module
 
 
 def any_rank(flag: bool) -> bool:

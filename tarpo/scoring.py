@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from .backbone import Backbone, positions_from_mask
 from .latent import GaussianSoftTokens, HrpoGate
 from .mixture import build_inputs_embeds
-from .objective import k3, two_class_kl
+from .objective import k3, kl_divergence, two_class_kl
 
 
 @dataclass
@@ -65,7 +65,7 @@ def _full_kl_chunk(head, hidden, ref_hidden, temperature):
     logp = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
     with torch.no_grad():
         ref_logp = torch.log_softmax(head(ref_hidden).float() / temperature, dim=-1)
-    return (logp.exp() * (logp - ref_logp)).sum(-1)
+    return kl_divergence(logp, ref_logp)
 
 
 def _chunked(fn, chunk_size, *tensors, **kwargs):

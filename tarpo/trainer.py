@@ -48,7 +48,7 @@ from . import checkpoints
 from .backbone import Backbone, unwrap
 from .hooks import make_backbone
 from .config import TarpoConfig
-from .distributed import check_not_sharded, forward_through, rollout_seed
+from .distributed import check_not_sharded, forward_through, rollout_seed, same_on_every_rank
 from .latent import GaussianSoftTokens, HrpoGate
 from .modeling import lora_config, new_router
 from .objective import group_advantages, tarpo_loss
@@ -128,7 +128,9 @@ class TarpoTrainer(GRPOTrainer):
             peft_model.delete_adapter("ref")
         base = unwrap(peft_model)
         router = router if router is not None else new_router(base, args)
-        base.tarpo_router = router.to(self.accelerator.device)
+        # TRL seeds each rank differently (set_seed(..., device_specific=True)), so each rank drew its own router;
+        # DDP will train rank 0's on every rank, and the frozen reference must be that one too (issue #25)
+        base.tarpo_router = same_on_every_rank(router.to(self.accelerator.device))
         self.ref_router = router.frozen_copy()
         self.piece = token_piece_fn(self.processing_class)
         self.use_router = args.routing == "learned"

@@ -1,6 +1,7 @@
 """A few TarpoTrainer steps on a tiny model, one process or several (``accelerate launch``), for
 tests/test_ddp.py. After every optimizer step each rank saves its trainable tensors (LoRA and
-router) to ``<out>/rank<r>-step<s>.pt`` (step 0: before training).
+router) to ``<out>/rank<r>-step<s>.pt`` (step 0: before training), and at the start its frozen
+reference router to ``<out>/ref-router-rank<r>.pt``.
 
     python tests/ddp_worker.py d1 --grad-accum 2                      # one process
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 tests/ddp_worker.py d2
@@ -44,6 +45,9 @@ class SaveTrainable(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.on_step_end(args, state, control)  # step 0: the parameters training starts from
+        rank = self.trainer.accelerator.process_index
+        torch.save({n: t.detach().clone() for n, t in self.trainer.ref_router.state_dict().items()},
+                   os.path.join(self.out, f"ref-router-rank{rank}.pt"))
 
     def on_step_end(self, args, state, control, **kwargs):
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)

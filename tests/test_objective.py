@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from tarpo.objective import group_advantages, k3, tarpo_loss, two_class_kl
+from tarpo.objective import group_advantages, k3, kl_divergence, tarpo_loss, two_class_kl
 
 
 def test_group_advantages_hand_values_and_zero_spread():
@@ -20,6 +20,31 @@ def test_k3_and_two_class_kl():
     ref = torch.log(torch.tensor([[0.99, 0.01]]))
     expected = 0.9 * math.log(0.9 / 0.99) + 0.1 * math.log(0.1 / 0.01)
     torch.testing.assert_close(two_class_kl(rho, ref), torch.tensor([expected]))
+
+
+def test_kl_gradient_is_exactly_zero_where_the_policy_is_the_reference():
+    """Issue #25: at initialisation the policy is the reference, bitwise. Autograd's gradient of
+    sum p (logp - ref) reaches the logits as p - p * sum(p), about 1e-8 and not 0, and Adam turns
+    that into full-size steps; kl_divergence's is exactly 0 there, and autograd's elsewhere."""
+    torch.manual_seed(0)
+    for V in (2, 50):  # the router's two actions, a vocabulary (token_kl="full")
+        logits = torch.randn(64, V, requires_grad=True)
+        logp = torch.log_softmax(logits, -1)
+        ref = logp.detach().clone()
+        kl = (two_class_kl if V == 2 else kl_divergence)(logp, ref)
+        assert torch.equal(kl, torch.zeros(64))
+        grad = torch.autograd.grad(kl.sum(), logits)[0]
+        assert torch.equal(grad, torch.zeros_like(grad)), (V, grad.abs().max())
+        # elsewhere the value and, through the log-softmax, the gradient of the plain formula
+        logits = torch.randn(5, 3, V, dtype=torch.float64, requires_grad=True)
+        ref = torch.log_softmax(torch.randn(5, 3, V, dtype=torch.float64), -1).requires_grad_(True)
+        weights = torch.randn(5, 3, dtype=torch.float64)
+        ours, plain = (f(torch.log_softmax(logits, -1), ref) for f in (
+            kl_divergence, lambda lp, r: (lp.exp() * (lp - r)).sum(-1)))
+        torch.testing.assert_close(ours, plain, rtol=0, atol=1e-15)
+        for a, b in zip(torch.autograd.grad((ours * weights).sum(), (logits, ref)),
+                        torch.autograd.grad((plain * weights).sum(), (logits, ref))):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
 def example():
