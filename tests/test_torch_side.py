@@ -25,7 +25,7 @@ SITE = Path(os.environ.get("TARPO_TORCH_SIDE_SITE", ROOT / ".venv" / f"torch-{SI
 
 # Both architectures, the learned and HRPO routings, the one-graph test (which also checks the
 # learned routing's compiled rollout against the eager one). Each test compiles one decode step:
-# about 2 min of CPU time with cold compile caches (measured: tests/test_torch_side.py notes).
+# about 2 min of CPU time with cold compile caches (docs/gpu-path.md).
 SUBSET = (
     "tests/test_static_decode.py::test_compiled_step_has_no_graph_break_and_is_reused[qwen2]",
     "tests/test_static_decode.py::test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise"
