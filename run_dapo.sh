@@ -14,6 +14,8 @@ OUT_DIR=${OUT_DIR:-runs}           # the run folder is OUT_DIR/<name encoding th
 SEED=${SEED:-}
 GROUP_SIZE=${GROUP_SIZE:-}         # G
 BATCH=${BATCH:-}                   # completions per optimizer step (all processes together)
+MICRO_BATCH=${MICRO_BATCH:-}       # completions per forward/backward (a divisor of BATCH/NUM_PROCESSES); empty: the
+                                   # largest that the memory plan fits on the GPU (docs/memory-plan.md)
 LR=${LR:-}                         # LoRA learning rate
 ROUTER_LR=${ROUTER_LR:-}
 HRPO_LR=${HRPO_LR:-}               # ALGO=hrpo: learning rate of the gate's W_r, W_i (HRPO's: 1e-4)

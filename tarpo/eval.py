@@ -29,6 +29,7 @@ rank 0 alone writes, and the files are those of one process with the same seed (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import sys
@@ -47,6 +48,7 @@ from .graders import canonical_answers, grader_versions
 from .latent import HRPO_WEIGHTS
 from .modeling import load_gate, load_trained, resolve_backend
 from .patches.targets import installed_version
+from .prompts import prompt_ids
 from .router import ROUTER_WEIGHTS
 from .rollout import RolloutSpec, engine_for_backend
 from .tasks import TASKS, load_task
@@ -234,6 +236,11 @@ def rank0_first(rank: int, world: int, fn):
     return fn(rank)
 
 
+def longest_prompt(tokenizer, examples: list, max_prompt_length: int) -> int:
+    """The longest of the task's prompts in tokens, as :func:`tarpo.prompts.encode_prompts` cuts them."""
+    return max(len(prompt_ids(tokenizer, ex["prompt"], max_prompt_length, i)[0]) for i, ex in enumerate(examples))
+
+
 def sample_task(args, task: str, examples: list, traj: TrajectoryFile, model, router, gate, tokenizer, device,
                 rank: int = 0, world: int = 1) -> int:
     """Sample and grade the chunks not yet on disk and append them to ``traj``; returns how many
@@ -248,6 +255,9 @@ def sample_task(args, task: str, examples: list, traj: TrajectoryFile, model, ro
                        top_p=s["top_p"], soft_top_k=s["soft_top_k"], entropy_threshold=s["entropy_threshold"],
                        entropy_temperature=args.entropy_temperature, router_greedy=args.router_argmax,
                        engine=s.get("engine") or "eager")
+    if spec.engine != "eager":  # one compiled graph per task: its longest prompt, every chunk padded to a full one
+        spec = dataclasses.replace(spec, batch_size=traj.settings["questions_per_chunk"] * args.n,
+                                   max_prompt_length=longest_prompt(tokenizer, examples, s["max_prompt_length"]))
     todo = list(range(traj.done_chunks(), len(traj.chunks)))
     fresh = 0
     bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2,

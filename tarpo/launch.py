@@ -3,8 +3,9 @@
 The launcher's shell variables (and the environment) override the presets of
 :mod:`tarpo.presets`; an empty variable means "the paper's value". Steps:
 
-1. resolve the configuration and check it (bad values name their variable);
-   ``DRY_RUN=1`` prints it, the last line being the configuration as one JSON object;
+1. resolve the configuration and check it (bad values name their variable); plan the GPU memory
+   and pick the training micro-batch (:func:`plan_memory`, docs/memory-plan.md), refusing a run
+   that cannot fit; ``DRY_RUN=1`` prints it, the last line being the configuration as one JSON object;
 2. refuse to start a hub model without CUDA (a tiny local model may run on CPU);
 3. train with :class:`tarpo.trainer.TarpoTrainer` into the run folder (``launch_config.json``,
    ``metrics.jsonl``, checkpoints, ``adapter/`` with the router), resuming from the newest
@@ -139,6 +140,55 @@ def check_trainer(cfg: dict, cuda: bool) -> None:
                                     lambda m: f"{variable_of(m[1]) or 'TarpoConfig.' + m[1]}=", str(exc))) from None
 
 
+def plan_memory(cfg: dict, cuda: bool) -> None:
+    """Plan the run's GPU memory before anything loads (:mod:`tarpo.memory_plan`, docs/memory-plan.md)
+    and train in the micro-batch it picks: the largest divisor of the per-process batch whose peak fits
+    the GPU (or MICRO_BATCH), with ``BATCH / NUM_PROCESSES / micro-batch`` gradient-accumulation steps.
+    Without CUDA the plan is for an 80 GB GPU; it refuses a run only where it targets a GPU (CUDA, or
+    ``DRY_RUN=1``): a CPU run of a tiny model is told the plan, never stopped by it. Sets
+    ``cfg["memory_plan"]`` and the trainer's batch fields; the run folder keeps its BATCH name."""
+    from . import memory_plan as mp
+    from .modeling import resolve_backend
+    from .rollout import engine_for_backend
+
+    t, per_process, requested = cfg["trainer"], cfg["trainer"]["per_device_train_batch_size"], cfg["micro_batch"]
+    config = mp.model_config(cfg["model"], cfg["preset"])
+    if config is None:
+        micro = requested or per_process
+        result = {"skipped": f"no config.json for {cfg['model']} offline (not a preset, a local folder or in the "
+                             "hub cache): memory not planned", "micro_batch": micro}
+    else:
+        backend = resolve_backend(cfg["backend"])
+        full_mix = t["routing"] == "soft_tokens" or (t["routing"] == "hrpo" and t.get("hrpo_mixture") == "full")
+        run = mp.Run(rows=per_process, prompt=t["max_prompt_length"], completion=t["max_completion_length"],
+                     engine=engine_for_backend(t.get("rollout_engine", "auto"), backend, "ENGINE"), backend=backend,
+                     soft_top_k=t["soft_top_k"], full_mix=full_mix, gate=t["routing"] == "hrpo",
+                     optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),
+                     full_kl=t.get("token_kl") == "full", checkpointing=t["gradient_checkpointing"],
+                     weight_bytes=2 if t["bf16"] else 4)
+        shapes = mp.shapes_of(config, t["lora_target_modules"], t["lora_r"])
+        import torch
+        total = torch.cuda.mem_get_info()[1] if cuda else mp.GPU_80GB
+        p = mp.choose_micro_batch(shapes, run, per_process, mp.usable_bytes(total), requested)
+        micro = p["micro_batch"]
+        result = {**{k: round(v, 2) for k, v in p.items() if k.endswith("_gib")}, "micro_batch": micro,
+                  "gpu_gib": round(total / mp.GIB, 2), "usable_gib": round(mp.usable_bytes(total) / mp.GIB, 2),
+                  "gpu": torch.cuda.get_device_name() if cuda else "none: planned for an 80 GB GPU",
+                  "engine": run.engine, "backend": backend}
+        if not p["fits"] and (cuda or cfg["dry_run"]):
+            at = f"MICRO_BATCH={requested}" if requested else "micro-batch 1"
+            change = ("set a smaller MICRO_BATCH (or leave it empty to pick one), or lower BATCH, "
+                      "MAX_COMPLETION_LENGTH or MODEL") if requested else "lower BATCH, MAX_COMPLETION_LENGTH or MODEL"
+            raise ValueError(f"{'MICRO_BATCH' if requested else 'BATCH'}: the run needs {p['peak_gib']:.1f} GiB at {at} "
+                             f"(rollout {p['rollout_gib']:.1f}, training {p['train_gib']:.1f}), more than the "
+                             f"{result['usable_gib']} GiB usable of this {result['gpu_gib']} GiB GPU: {change} "
+                             "(docs/memory-plan.md)")
+        result["fits"] = p["fits"]
+    t["per_device_train_batch_size"] = micro
+    t["gradient_accumulation_steps"] = per_process // micro
+    cfg["memory_plan"] = {**result, "gradient_accumulation_steps": per_process // micro}
+
+
 def print_config(cfg: dict) -> None:
     for key, value in cfg.items():
         if key != "trainer":
@@ -241,7 +291,9 @@ def run_command(cmd: list[str], env: dict[str, str]) -> int:
 def launch_processes(cfg: dict) -> int:
     """Train through ``accelerate launch`` and wait for every process; then, with EVAL=1, evaluate
     through the same prefix, once the training processes have ended and freed their devices."""
-    status = run_command(training_command(cfg), {**os.environ, LAUNCHED: "1"})
+    # every process trains in the micro-batch planned here
+    env = {**os.environ, LAUNCHED: "1", "MICRO_BATCH": str(cfg["memory_plan"]["micro_batch"])}
+    status = run_command(training_command(cfg), env)
     if status != 0 or not cfg["eval"]:
         return status
     return run_command(evaluation_command(cfg, os.path.join(cfg["run_dir"], "adapter")), dict(os.environ))
@@ -262,6 +314,7 @@ def main(argv=None) -> int:
         cfg["launch_command"] = None if command is None else shlex.join(command)
         cpu = cpu_requested()
         check_data(cfg)
+        plan_memory(cfg, cuda)
         check_trainer(cfg, cuda)
         if not cfg["dry_run"]:
             check_processes(cfg, torch.cuda.device_count() if cuda else 0, cpu)
@@ -272,6 +325,8 @@ def main(argv=None) -> int:
         if main_process:
             print_config(cfg)
         return 0
+    if main_process:
+        print(f"memory plan: {json.dumps(cfg['memory_plan'])}", flush=True)
     check_runnable(cfg, cuda)
     # this process starts the run's processes, unless it is one of them (or accelerate started it)
     if command is not None and not launched and "LOCAL_RANK" not in os.environ:

@@ -27,16 +27,33 @@ DATASETS = {
                  eval_tasks=["gpqa_diamond", "arc_challenge", "humaneval"]),
 }
 
-# ---- docs/algorithm.md §5, per model: router bias b0 and learning rates
+# ---- docs/algorithm.md §5, per model: router bias b0 and learning rates; ``config``: the architecture as the
+# model's published config.json gives it (hub ``<hub_id>/config.json``), for the memory plan (tarpo.memory_plan)
+_QWEN = dict(model_type="qwen2", max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
 MODELS = {
     "qwen2.5-1.5b": dict(hub_id="Qwen/Qwen2.5-1.5B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
-                         router_lr=1e-4),
+                         router_lr=1e-4,
+                         config=dict(_QWEN, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                     num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                     tie_word_embeddings=True)),
     "qwen2.5-3b": dict(hub_id="Qwen/Qwen2.5-3B-Instruct", action_bias=[2.2, 0.0], learning_rate=5e-6,
-                       router_lr=1e-4),
+                       router_lr=1e-4,
+                       config=dict(_QWEN, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                                   num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                                   tie_word_embeddings=True)),
     "qwen2.5-7b": dict(hub_id="Qwen/Qwen2.5-7B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
-                       router_lr=1e-4),
+                       router_lr=1e-4,
+                       config=dict(_QWEN, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                   num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                                   tie_word_embeddings=False)),
     "llama3.1-8b": dict(hub_id="meta-llama/Llama-3.1-8B-Instruct", action_bias=[4.6, 0.0], learning_rate=2e-6,
-                        router_lr=2e-6),
+                        router_lr=2e-6,
+                        config=dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
+                                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                    vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=131072,
+                                    rms_norm_eps=1e-5, rope_theta=500000.0,
+                                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                      high_freq_factor=4.0, original_max_position_embeddings=8192))),
 }
 DEFAULT_MODEL = "qwen2.5-3b"
 
@@ -119,7 +136,7 @@ VARIABLES = {
 SETTINGS = {
     "MODEL": str, "ALGO": str, "DATA_PATH": str, "OUT_DIR": str, "RUN_NAME": str, "TRAIN_LIMIT": int,
     "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool, "BACKEND": str,
-    "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str,
+    "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str, "MICRO_BATCH": int,
 }
 
 
@@ -180,12 +197,12 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
             raise ValueError(f"MODEL={model_key!r}: no such folder")
         if "/" not in model_key:
             raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
-    for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES"):
+    for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
     data = DATASETS[dataset]
     trainer = {**COMMON, **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
-               **{k: v for k, v in (preset or {}).items() if k != "hub_id"}, "routing": ALGOS[algo]["routing"],
+               **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")}, "routing": ALGOS[algo]["routing"],
                **ALGOS[algo].get("trainer", {})}
     trainer.update({VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES})
     group, batch = trainer["num_generations"], trainer["per_device_train_batch_size"]
@@ -200,6 +217,10 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         raise ValueError(f"BATCH={batch}: the completions of a step are shared by NUM_PROCESSES={processes} "
                          "processes, so BATCH must be a multiple of it")
     trainer["per_device_train_batch_size"] = batch // processes
+    micro = s.get("MICRO_BATCH")
+    if micro is not None and (batch // processes) % micro:
+        raise ValueError(f"MICRO_BATCH={micro}: must divide the completions each process trains per step, "
+                         f"BATCH/NUM_PROCESSES = {batch}/{processes} = {batch // processes}")
     model = preset["hub_id"] if preset else model_key
     short = model_key.lower() if preset else os.path.basename(os.path.normpath(model_key))
     b0 = trainer["action_bias"]
@@ -211,6 +232,7 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
     return {
         "dataset": dataset, "task": data["task"], "algo": algo, "system": ALGOS[algo]["system"],
         "model": model, "model_name": os.path.basename(model.rstrip("/")), "run_dir": out,
+        "preset": model_key.lower() if preset else None, "micro_batch": micro,
         "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
         "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo]["eval_mode"],
         "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),

@@ -53,6 +53,9 @@ class RolloutSpec:
     greedy: bool = False  # argmax tokens (evaluation's greedy accuracy)
     answer_tag: str = "####"
     compact_finished_rows: bool = True  # eager engine only; the compiled one keeps a fixed batch
+    # compiled engine: the run's shape, so that it compiles once per run (docs/rollout-engines.md)
+    max_prompt_length: int | None = None  # the prompt budget its cache is sized for (None: this batch's prompts)
+    batch_size: int | None = None         # rows it decodes; a smaller batch is padded (None: this batch's rows)
     engine: str = "eager"  # "eager" (the reference, any backbone), "compiled" (tarpo.static_decode) or "auto"
 
     def __post_init__(self):
@@ -65,7 +68,7 @@ class RolloutSpec:
 
     @classmethod
     def from_config(cls, config, **overrides) -> "RolloutSpec":
-        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy", "engine"}
+        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy", "engine", "batch_size"}
         kwargs = {n: getattr(config, n) for n in names}
         kwargs["max_new_tokens"] = config.max_completion_length
         kwargs["engine"] = config.rollout_engine

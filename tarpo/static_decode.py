@@ -4,29 +4,42 @@ The eager engine (:func:`tarpo.rollout.hybrid_generate` with ``engine="eager"``)
 reference: a ``DynamicCache`` that grows by ``torch.cat``, finished rows dropped, the tag
 tracker in Python, a dozen GPU->CPU syncs a step. This engine runs the same decision
 process as one function with fixed shapes and no host sync, compiled once with
-``torch.compile(fullgraph=True)`` (``mode="reduce-overhead"``, CUDA graphs, on CUDA)::
+``torch.compile(fullgraph=True)`` and, on CUDA, replayed as one captured CUDA graph::
 
     h_t -> logits -> filters -> token (Gumbel-max on keyed noise) -> log-prob, entropy
         -> router draw (keyed noise) -> answer-tag automaton -> top-k mixture (dense)
         -> next input (torch.where soft/hard) -> records written at step t -> decoder -> h_t+1
 
-- **Cache and mask.** A ``StaticCache`` of ``L`` positions, ``L`` = prompt + new tokens rounded
-  up to a multiple of :data:`CACHE_BUCKET` (one compiled graph serves every prompt length of a
-  bucket). The prompt is prefilled eagerly once; the attention mask is the prompt's mask
-  followed by ones, allocated once: causality hides positions not yet written.
+- **Static buffers, nothing fed back.** The step reads and writes only buffers allocated once
+  per rollout (:class:`StaticDecoder`): the cache, the mask, the hidden state ``h_t``, the
+  loop state (step index, positions, tag automaton, thinking / alive / ended) and the records.
+  It returns nothing, so no tensor it produced is ever an input of the next call: a captured
+  CUDA graph replays the same kernels on the same addresses, and an output buffer that a
+  graph runtime reuses between calls cannot corrupt the trajectory (tests poison them).
+- **One shape per run.** The cache holds ``L`` positions, ``L`` = the run's prompt budget
+  (``RolloutSpec.max_prompt_length``, else this batch's prompt length) + new tokens, rounded up
+  to a multiple of :data:`CACHE_BUCKET`; the batch is padded to ``RolloutSpec.batch_size``
+  with rows that never run. So training compiles one graph, and evaluation one per task.
+  The prompt is prefilled eagerly once; the attention mask is the prompt's mask followed by
+  ones: causality hides positions not yet written.
 - **Fixed batch.** Finished rows are not dropped; they ride along and write nothing (their
   records keep pad / False / 0, as the eager engine's). Every ``DONE_CHECK_EVERY`` steps
   the loop looks at a flag "some row is still running" copied without blocking at the
   previous check, and stops once it reads False.
+- **CUDA graphs** (:class:`GraphedStep`): the first step runs as compiled code (and compiles),
+  the second is captured into a ``torch.cuda.CUDAGraph`` and every later step replays it. We
+  capture by hand rather than with ``mode="reduce-overhead"``: cudagraph trees free a call's
+  outputs at the next call, and would re-record for every new cache address.
 - **Randomness** is keyed noise (:func:`tarpo.sampling.step_uniforms`), a pure function of
   (seed, row id, step) computed inside the graph. Given the same seed the eager engine draws
   the same trajectory.
 - **Records** live in buffers of the full ``[B, T]`` shape, written with ``index_copy_`` at a
   step index held as a tensor; they are cut to the steps that ran and copied out at the end.
 
-The engine (cache, buffers, tag tables) is kept on the model for the next rollout of the same
-shape; the compiled step is shared by all engines, and dynamo recompiles only for a new
-shape or a new setting (bucketed cache length, batch size, routing).
+The buffers and the captured graph live for one rollout and are released when it returns, so
+the training forward that follows has the memory (docs/rollout-engines.md). The compiled step is
+shared by all rollouts; dynamo recompiles only for a new shape or setting (cache length, batch
+size, routing), and the tag tables are kept per tokenizer.
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ import torch
 from transformers import StaticCache
 
 from . import tag_automaton
-from .backbone import Backbone, positions_from_mask, unwrap
+from .backbone import Backbone, positions_from_mask
 from .latent import GaussianSoftTokens
 from .mixture import normalised_full_mixture, soft_topk, topk_mixture
 from .sampling import (STREAM_GAUSSIAN, STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax,
@@ -68,14 +81,16 @@ class StepSettings:
     sigma: float         # Soft Tokens' noise std
 
 
-def decode_step(backbone, router, gate, c: StepSettings, hidden, state, rec, cache, mask, next_tag, hit_tag,
-                eos, keys):
-    """One decode step for every row; returns ``(h_{t+1}, state_{t+1})`` and writes ``rec[:, t]``.
+def decode_step(backbone, router, gate, c: StepSettings, buf, rec, cache, mask, next_tag, hit_tag, eos):
+    """One decode step for every row: reads ``h_t`` and the loop state from ``buf``, writes
+    ``rec[:, t]``, then ``h_{t+1}`` and the next state back into ``buf``; returns nothing.
 
-    ``state``: ``t`` (0-d long), ``pos`` [B] next position ids, ``tag`` [B] automaton states,
-    ``thinking`` / ``alive`` / ``ended`` [B] bool; ``keys`` [B]: the rows' noise keys. The decisions
-    are those of the eager engine (:func:`tarpo.rollout._decode`), computed densely for all rows.
+    ``buf``: ``hidden`` [B, d], ``t`` (0-d long), ``pos`` [B] next position ids, ``tag`` [B]
+    automaton states, ``thinking`` / ``alive`` / ``ended`` [B] bool, ``keys`` [B] the rows' noise
+    keys. The decisions are those of the eager engine (:func:`tarpo.rollout._decode`), computed
+    densely for all rows.
     """
+    state, keys, hidden = buf, buf["keys"], buf["hidden"]
     t, alive = state["t"], state["alive"]
     E = backbone.embed_weight
     logits = backbone.logits(hidden).float()
@@ -139,9 +154,14 @@ def decode_step(backbone, router, gate, c: StepSettings, hidden, state, rec, cac
     pos = state["pos"]
     out = backbone.decoder(inputs_embeds=inputs[:, None], attention_mask=mask, position_ids=pos[:, None],
                            past_key_values=cache, use_cache=True)
-    new_state = dict(t=t + 1, pos=pos + 1, tag=tag, thinking=thinking, alive=alive & ~is_eos,
-                     ended=state["ended"] | (alive & is_eos))
-    return out.last_hidden_state[:, -1], new_state
+    # the next state, written in place (ended before alive: it reads the old alive)
+    buf["ended"].copy_(state["ended"] | (alive & is_eos))
+    buf["alive"].copy_(alive & ~is_eos)
+    buf["thinking"].copy_(thinking)
+    buf["tag"].copy_(tag)
+    buf["pos"].add_(1)
+    buf["t"].add_(1)
+    buf["hidden"].copy_(out.last_hidden_state[:, -1])
 
 
 GROUPED_DECODE = "tarpo_grouped_decode"
@@ -194,15 +214,49 @@ _COMPILED: dict[str, object] = {}
 
 
 def compiled_step(device: torch.device):
-    """``decode_step`` under ``torch.compile(fullgraph=True)``; CUDA graphs on CUDA. One per mode."""
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    if mode not in _COMPILED:
+    """``decode_step`` under ``torch.compile(fullgraph=True)`` (inductor); on CUDA the loop
+    replays it as a captured graph (:class:`GraphedStep`)."""
+    key = torch.device(device).type
+    if key not in _COMPILED:
         # One graph per setting and shape; past dynamo's default of 8 recompiles a function would
         # quietly run eagerly: allow more, and fail loudly instead.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-        _COMPILED[mode] = torch.compile(decode_step, fullgraph=True, dynamic=False, mode=mode)
-    return _COMPILED[mode]
+        _COMPILED[key] = torch.compile(decode_step, fullgraph=True, dynamic=False)
+    return _COMPILED[key]
+
+
+class GraphedStep:
+    """One decode step as a CUDA graph: call 1 runs the compiled step (compiling it, and warming
+    up on a side stream), call 2 captures it and replays the capture, every later call replays.
+
+    Capturing is sound because the step reads and writes only the rollout's static buffers,
+    which outlive the graph; capturing does not run the kernels, hence the replay right after.
+    The graph and its memory pool go with this object, at the end of the rollout.
+    """
+
+    def __init__(self, call):
+        self.call, self.graph, self.warm = call, None, False
+
+    def __call__(self) -> None:
+        if not self.warm:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.call()
+            torch.cuda.current_stream().wait_stream(side)
+            self.warm = True
+            return
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.call()
+        self.graph.replay()
+
+
+def step_runner(call, device: torch.device):
+    """What runs one step: the compiled call itself, or on CUDA its captured graph."""
+    return GraphedStep(call) if torch.device(device).type == "cuda" else call
 
 
 _TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -242,38 +296,32 @@ class _LateFlag:
 
 
 class StaticDecoder:
-    """Cache and record buffers for rollouts of one shape; reused while the shape holds."""
+    """The static buffers of one rollout: cache, mask, loop state, records (see the module doc)."""
 
-    def __init__(self, backbone: Backbone, key: tuple):
+    def __init__(self, backbone: Backbone, batch: int, new_tokens: int, cache_len: int, k: int, full_mix: bool,
+                 pad_token_id: int, device):
         from .rollout import new_records
 
-        self.key = key
-        B, T, cache_len, k, full_mix, device, _ = key
+        B, z = batch, dict(device=device)
         self.cache = StaticCache(config=backbone.config, max_cache_len=cache_len)
-        self.rec = new_records(B, T, k, backbone.embed_weight.shape[1] if full_mix else 0, 0, device)
-        self.mask = torch.ones(B, cache_len, dtype=torch.long, device=device)
-        if torch.device(device).type == "cuda":  # CUDA graphs: buffers written in the graph keep their address
-            for buf in self.rec.values():
-                torch._dynamo.mark_static_address(buf)
-
-    def reset(self, pad_token_id: int, prompt_mask: torch.Tensor) -> None:
-        self.cache.reset()
-        for name, buf in self.rec.items():
-            buf.fill_(pad_token_id if name == "token_ids" else 0)
-        self.mask.fill_(1)
-        self.mask[:, :prompt_mask.shape[1]] = prompt_mask
+        self.rec = new_records(B, new_tokens, k, backbone.embed_weight.shape[1] if full_mix else 0, pad_token_id,
+                               device)
+        self.mask = torch.ones(B, cache_len, dtype=torch.long, **z)
+        self.buf = dict(hidden=torch.zeros(B, backbone.config.hidden_size, dtype=backbone.embed_weight.dtype, **z),
+                        t=torch.zeros((), dtype=torch.long, **z), pos=torch.zeros(B, dtype=torch.long, **z),
+                        tag=torch.zeros(B, dtype=torch.long, **z), thinking=torch.ones(B, dtype=torch.bool, **z),
+                        alive=torch.ones(B, dtype=torch.bool, **z), ended=torch.zeros(B, dtype=torch.bool, **z),
+                        keys=torch.zeros(B, dtype=torch.long, **z))
 
 
-def _engine(backbone, batch, new_tokens, cache_len, k, full_mix, device) -> StaticDecoder:
-    """The model's engine for this shape, made anew (replacing the last) when the shape changes."""
-    base = unwrap(backbone.model)
-    engine = base.__dict__.get("_tarpo_static_decoder")
-    key = (batch, new_tokens, cache_len, k, full_mix, str(device), backbone.embed_weight.dtype)
-    if engine is None or engine.key != key:
-        base.__dict__["_tarpo_static_decoder"] = None  # free the old cache first
-        engine = StaticDecoder(backbone, key)
-        base.__dict__["_tarpo_static_decoder"] = engine
-    return engine
+def cache_length(prompt_len: int, new_tokens: int, prompt_budget: int | None = None) -> int:
+    """Positions of the rollout's cache: the prompt budget (else this prompt) + new tokens, rounded
+    up to a multiple of :data:`CACHE_BUCKET`.
+
+        >>> cache_length(37, 100), cache_length(37, 100, prompt_budget=1024)
+        (192, 1152)
+    """
+    return -(-(max(prompt_len, prompt_budget or 0) + new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
 
 
 def check_backbone(backbone) -> None:
@@ -283,6 +331,18 @@ def check_backbone(backbone) -> None:
         raise ValueError(f"engine='compiled' feeds inputs_embeds to the transformers decoder with a StaticCache; "
                          f"{type(backbone).__name__} decodes through its own path (BACKEND=unsloth): use "
                          "engine='eager' with it")
+
+
+def check_fits(spec, prompt_ids) -> int:
+    """The batch the engine decodes (``spec.batch_size`` or this one); a prompt or a batch larger
+    than the run's shape is refused, naming the setting."""
+    B, P = prompt_ids.shape
+    if spec.max_prompt_length is not None and P > spec.max_prompt_length:
+        raise ValueError(f"prompts of {P} tokens exceed max_prompt_length={spec.max_prompt_length}, the prompt "
+                         "budget the compiled engine's cache was sized for")
+    if spec.batch_size is not None and B > spec.batch_size:
+        raise ValueError(f"a batch of {B} rows exceeds batch_size={spec.batch_size}, the compiled engine's batch")
+    return spec.batch_size or B
 
 
 @torch.no_grad()
@@ -295,12 +355,21 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
 
     check_backbone(backbone)
     device = prompt_ids.device
-    B, P = prompt_ids.shape
+    rows, P = prompt_ids.shape
+    B = check_fits(spec, prompt_ids)
     T, E = spec.max_new_tokens, backbone.embed_weight
     vocab = backbone.lm_head.weight.shape[0]
-    cache_len = -(-(P + T) // CACHE_BUCKET) * CACHE_BUCKET
-    engine = _engine(backbone, B, T, cache_len, spec.soft_top_k, full_mix, device)
-    engine.reset(pad_token_id, prompt_mask.long())
+    engine = StaticDecoder(backbone, B, T, cache_length(P, T, spec.max_prompt_length), spec.soft_top_k, full_mix,
+                           pad_token_id, device)
+    if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs
+        fill = B - rows
+        prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(fill, -1)])
+        prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(fill, -1)])
+        keys = torch.cat([keys, keys[:1].expand(fill)])
+        engine.buf["alive"][rows:] = False
+        engine.buf["thinking"][rows:] = False
+    engine.mask[:, :P] = prompt_mask
+    engine.buf["keys"].copy_(keys)
     next_tag, hit_tag = tag_tables(piece, spec.answer_tag, vocab, device)
     settings = StepSettings(
         temperature=float(spec.temperature), top_k=int(spec.top_k), top_p=float(spec.top_p),
@@ -314,25 +383,25 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
         pos = positions_from_mask(prompt_mask.long())
         prefill = backbone.decoder(inputs_embeds=E[prompt_ids], attention_mask=engine.mask[:, :P],
                                    position_ids=pos, past_key_values=engine.cache, use_cache=True)
-        hidden = prefill.last_hidden_state[:, -1].contiguous()  # the layout the step returns: no recompile
-        state = dict(t=torch.zeros((), dtype=torch.long, device=device), pos=pos[:, -1] + 1,
-                     tag=torch.zeros(B, dtype=torch.long, device=device),
-                     thinking=torch.ones(B, dtype=torch.bool, device=device),
-                     alive=torch.ones(B, dtype=torch.bool, device=device),
-                     ended=torch.zeros(B, dtype=torch.bool, device=device))
+        engine.buf["hidden"].copy_(prefill.last_hidden_state[:, -1])
+        engine.buf["pos"].copy_(pos[:, -1] + 1)
+        del prefill
         step = compiled_step(device)
+        run = step_runner(lambda: step(backbone, router, gate, settings, engine.buf, engine.rec, engine.cache,
+                                       engine.mask, next_tag, hit_tag, eos), device)
         flag = _LateFlag()
         for t in range(T):
-            hidden, state = step(backbone, router, gate, settings, hidden, state, engine.rec, engine.cache,
-                                 engine.mask, next_tag, hit_tag, eos, keys)
+            run()
             if (t + 1) % DONE_CHECK_EVERY:
                 continue
             if lockstep is not None:  # sharded model: every rank steps until no rank has a running row
-                if not lockstep(bool(state["alive"].any())):
+                if not lockstep(bool(engine.buf["alive"].any())):
                     break
-            elif flag.read_then_post(state["alive"].any()) is False:
+            elif flag.read_then_post(engine.buf["alive"].any()) is False:
                 break
 
-    steps = steps_that_ran(engine.rec["completion_mask"])
-    rec = {name: buf[:, :steps].clone() for name, buf in engine.rec.items()}
-    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, ended_with_eos=state["ended"].clone(), **rec)
+    steps = steps_that_ran(engine.rec["completion_mask"][:rows])
+    rec = {name: buf[:rows, :steps].clone() for name, buf in engine.rec.items()}
+    ended = engine.buf["ended"][:rows].clone()
+    del run, engine  # the cache, buffers and captured graph go now: the training forward needs the memory
+    return Rollout(prompt_ids=prompt_ids[:rows], prompt_mask=prompt_mask[:rows], ended_with_eos=ended, **rec)

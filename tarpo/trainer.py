@@ -213,7 +213,9 @@ class TarpoTrainer(GRPOTrainer):
         prompts = [x["prompt"] for x in inputs]
         prompt_ids, prompt_mask, n_trunc = encode_prompts(self.processing_class, prompts,
                                                           self.args.max_prompt_length, device)
-        spec = RolloutSpec.from_config(self.args, router_greedy=False)
+        # the run's one rollout shape (compiled engine: one graph per run): this process's share of a generation batch
+        spec = RolloutSpec.from_config(self.args, router_greedy=False,
+                                       batch_size=self.args.generation_batch_size // self.accelerator.num_processes)
         model = self.accelerator.unwrap_model(self.model)
         # Keyed noise: global row ids (this rank's share of the batch) and a seed every rank shares, so
         # a row draws the same on any number of processes, with either engine, after a resume.

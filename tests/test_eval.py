@@ -150,3 +150,22 @@ def test_tarpo_greedy_is_one_deterministic_sample_routed_by_the_routers_argmax(t
     assert any("s" in r["actions"] for r in runs[0])  # the 50/50 router's argmax still routes soft somewhere
     settings = json.load(open(tmp_path / "a" / "gsm8k.settings.json"))
     assert settings["router"] == "argmax" and settings["mode"] == "tarpo_greedy"
+
+
+@needs_data
+def test_an_evaluation_compiles_one_decode_graph_per_task(tiny, tmp_path):
+    """Each task decodes in one shape (its longest prompt, full chunks): at most one graph per task,
+    though chunks differ in prompt length and the last chunk is smaller."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    args = eval_args(tiny, tmp_path, "--engine", "compiled")
+    args[args.index("--tasks") + 1] = "gsm8k,math500,amc23"
+    args[args.index("--limit") + 1] = "5"  # chunks of 2, 2 and 1 questions
+    args[args.index("--n") + 1] = "2"
+    args[args.index("--batch-size") + 1] = "4"
+    assert cli(args) == 0
+    assert len(lines(tmp_path / "amc23.jsonl")) == 10
+    assert 1 <= counters["stats"]["unique_graphs"] <= 3

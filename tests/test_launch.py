@@ -20,7 +20,7 @@ needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
 def launch(script, timeout=120, **env):
     clean = {k: v for k, v in os.environ.items()
              if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN", "NUM_PROCESSES", "ACCELERATE_CONFIG",
-                          "ACCELERATE_USE_CPU")}
+                          "ACCELERATE_USE_CPU", "MICRO_BATCH")}
     return subprocess.run(["bash", os.path.join(ROOT, script)], capture_output=True, text=True, timeout=timeout,
                           env={**clean, "HF_HUB_OFFLINE": "1", **env})
 
@@ -50,7 +50,12 @@ def test_dry_run_math_is_the_paper_configuration_for_qwen_3b_and_7b():
     assert name == "math-qwen2.5-3b-tarpo-g8-bs64-lr5e-06-beta0.005-b02.2-s0"
     seven = dry_run("run_math.sh", MODEL="qwen2.5-7b")
     assert seven["model"] == "Qwen/Qwen2.5-7B-Instruct" and seven["trainer"]["action_bias"] == [4.6, 0.0]
-    assert {k: seven["trainer"][k] for k in PAPER_MATH} == PAPER_MATH
+    t = seven["trainer"]
+    assert {k: t[k] for k in PAPER_MATH if k != "per_device_train_batch_size"} == {
+        k: v for k, v in PAPER_MATH.items() if k != "per_device_train_batch_size"}
+    # the step's 64 completions, trained in micro-batches that fit an 80 GB GPU (tarpo.memory_plan)
+    assert t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] == 64
+    assert seven["memory_plan"]["micro_batch"] == t["per_device_train_batch_size"] < 64
 
 
 def test_dry_run_other_data_sets_models_and_overrides():

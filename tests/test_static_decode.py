@@ -195,3 +195,97 @@ def test_keyed_noise_is_uniform_independent_and_the_same_in_any_batch():
     # row 1500 draws the same in a batch of its own, with any id around it
     alone = step_uniforms(row_keys(123, torch.tensor([1500])), 0, STREAM_TOKEN, 500)
     assert torch.equal(alone[0], u[1500])
+
+
+# ---- what a GPU does to the compiled step (modelled on CPU) -------------------------------------------
+
+def poison(x: torch.Tensor) -> None:
+    """Overwrite a tensor as a graph runtime that reuses its output memory would: NaN, flipped
+    bools, out-of-range integers."""
+    if x.is_floating_point():
+        x.fill_(float("nan"))
+    elif x.dtype == torch.bool:
+        x.logical_not_()
+    else:
+        x.fill_(2 ** 40 + 7)
+
+
+def poisoning_steps(monkeypatch):
+    """The contract of CUDA graph trees (``mode="reduce-overhead"``): calling the compiled step
+    again overwrites every tensor its previous call returned (pytorch/pytorch#175557). Modelled
+    by poisoning them before each call."""
+    from torch.utils._pytree import tree_flatten
+
+    from tarpo import static_decode
+
+    original = static_decode.compiled_step
+
+    def poisoned(device):
+        step = original(device)
+        previous = []
+
+        def run(*args):
+            for x in previous:
+                poison(x)
+            previous.clear()
+            out = step(*args)
+            previous.extend(x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor))
+            return out
+        return run
+    monkeypatch.setattr(static_decode, "compiled_step", poisoned)
+
+
+@pytest.mark.parametrize("routing", ["learned", "hrpo"])
+def test_the_trajectory_survives_a_runtime_that_overwrites_the_steps_outputs(model, tokenizer, routing,
+                                                                              monkeypatch):
+    poisoning_steps(monkeypatch)
+    _, _, _, eager, compiled = run_both(model, tokenizer, routing, seed=4)
+    assert_same(eager, compiled)
+
+
+def test_the_rollouts_cache_and_buffers_are_released_when_it_returns(model, tokenizer, monkeypatch):
+    import gc
+    import weakref
+
+    from tarpo.static_decode import StaticDecoder
+
+    made, init = [], StaticDecoder.__init__
+
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append([weakref.ref(self.cache), *(weakref.ref(b) for b in self.rec.values())])
+    monkeypatch.setattr(StaticDecoder, "__init__", tracked)
+    run_both(model, tokenizer, "learned", seed=6)
+    gc.collect()
+    assert made and all(ref() is None for refs in made for ref in refs), "the rollout's cache is still held"
+
+
+def test_one_graph_serves_every_prompt_length_and_smaller_batch_of_a_run(model, tokenizer):
+    """The run's shape (prompt budget, batch) fixes the graph: prompts of other lengths and a
+    smaller batch (padded with rows that never run) reuse it, and draw what the eager engine draws."""
+    torch._dynamo.reset()
+    counters.clear()
+    piece, bias = tag_world(tokenizer, model)
+    backbone = BiasedBackbone(model, bias)
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
+    batches = [PROMPTS, ["q", "a much longer prompt than any other here, by far", "z"], ["hi", "x"]]
+    for i, prompts in enumerate(batches):
+        enc = encode_prompts(tokenizer, prompts)
+        out = {}
+        for engine in ("eager", "compiled"):
+            spec = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, engine=engine,
+                               max_prompt_length=64, batch_size=5)
+            out[engine] = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, piece,
+                                          [tokenizer.eos_token_id], tokenizer.pad_token_id, noise_seed=20 + i)
+        assert out["compiled"].token_ids.shape[0] == len(prompts)
+        assert_same(out["eager"], out["compiled"])
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_the_compiled_engine_refuses_prompts_or_batches_beyond_the_runs_shape(model, tokenizer):
+    enc = encode_prompts(tokenizer, PROMPTS)
+    for kw, match in (({"max_prompt_length": 8}, "max_prompt_length=8"), ({"batch_size": 2}, "batch_size=2")):
+        spec = RolloutSpec(max_new_tokens=4, engine="compiled", routing="hard", **kw)
+        with pytest.raises(ValueError, match=match):
+            hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask, spec,
+                            token_piece_fn(tokenizer), [tokenizer.eos_token_id], tokenizer.pad_token_id)

@@ -1,0 +1,244 @@
+"""The memory plan (tarpo.memory_plan, docs/memory-plan.md): exact parameter counts, the formula against
+live-storage peaks measured on this project's own rollout and training code, the launcher's micro-batch."""
+
+import json
+import os
+import subprocess
+import sys
+import weakref
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from tarpo import memory_plan as mp
+from tarpo.backbone import Backbone
+from tarpo.presets import DATASETS, MODELS
+from tarpo.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+TOLERANCE = 0.15  # |measured - planned| / planned, for the activation terms
+
+
+class LiveStorage(TorchDispatchMode):
+    """Peak bytes of the tensor storages created while active and still alive (views of tensors
+    made before, weights included, are not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak = {}, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key in self.live or key in inputs or storage.nbytes() == 0:
+                continue
+            self.live[key] = storage.nbytes()
+            self.now += storage.nbytes()
+            self.peak = max(self.peak, self.now)
+            weakref.finalize(storage, self._free, key)
+        return out
+
+    def _free(self, key):
+        self.now -= self.live.pop(key, 0)
+
+
+def tiny(arch, d, inter, layers, heads, kv, vocab, tied=False):
+    return tiny_causal_lm(char_tokenizer(), arch, hidden_size=d, layers=layers, heads=heads, kv_heads=kv,
+                          intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied)
+
+
+@pytest.mark.parametrize("arch, tied", [("qwen2", True), ("qwen2", False), ("llama", False)])
+def test_parameter_counts_are_the_real_models(arch, tied):
+    model = tiny(arch, 64, 160, 3, 4, 2, 300, tied)
+    s = mp.shapes_of(model.config, ATTENTION, 8)
+    assert s.params == sum(p.numel() for p in model.parameters())
+    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=ATTENTION))
+    assert s.lora_params == sum(p.numel() for p in peft.parameters() if p.requires_grad)
+
+
+def test_the_presets_are_the_published_architectures():
+    """Parameter counts of the model cards: 1.54B, 3.09B, 7.61B (Qwen2.5), 8.03B (Llama 3.1)."""
+    counts = {m: mp.shapes_of(mp.preset_config(m), ATTENTION, 32).params for m in MODELS}
+    assert counts["llama3.1-8b"] == 8_030_261_248
+    for m, billions in {"qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61}.items():
+        assert abs(counts[m] / 1e9 - billions) < 0.01, (m, counts[m])
+
+
+# (arch, d, intermediate, layers, heads, kv heads, vocab, micro-batch, prompt, completion): the second is
+# dominated by a log-prob chunk (vocabulary 4096), the first by a recomputed layer
+TRAIN_CASES = [("qwen2", 256, 896, 4, 8, 2, 256, 4, 64, 192), ("llama", 128, 352, 6, 4, 2, 4096, 4, 32, 160)]
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES, ids=["qwen2-layer", "llama-chunk"])
+def test_training_activations_match_a_measured_peak(case):
+    """A micro-batch's forward (policy + reference, router, chunked log-probs) and backward through
+    LoRA with non-reentrant gradient checkpointing, bf16 weights under autocast, as the trainer runs it."""
+    from tarpo.router import Router
+    from tarpo.scoring import score_rollout
+
+    arch, d, inter, layers, heads, kv, vocab, mb, P, T = case
+    model = tiny(arch, d, inter, layers, heads, kv, vocab).to(torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=ATTENTION))
+    model.train()
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    router = Router(d, bias=[4.6, 0.0], init_std=1e-3)
+    rollout = synthetic_rollout(vocab, mb, P, T, 4, "cpu")
+    rollout.prompt_mask[:, :5] = 0  # left padding: the attention mask is materialised, as in training
+    rollout.is_soft = rollout.decided.clone()  # every thinking step soft (Pure Latent): the plan's bound
+    mode = LiveStorage()
+    with mode, torch.autocast("cpu", dtype=torch.bfloat16):
+        s = score_rollout(Backbone(model), router, router.frozen_copy(), rollout, temperature=0.5, chunk_size=1024,
+                          use_router=True, with_reference=True)
+        (s.logp_tok.sum() + s.logp_act.sum() + s.kl_tok.sum() + s.kl_act.sum()).backward()
+    shapes = mp.shapes_of(model.config, ATTENTION, 8)
+    parts = mp.train_bytes(shapes, mp.Run(rows=mb, prompt=P, completion=T, soft_top_k=4), mb)
+    planned = parts["activations"] + parts["gradients"]
+    print(f"measured {mode.peak} planned {planned} ratio {mode.peak / planned:.3f}")
+    assert abs(mode.peak - planned) <= TOLERANCE * planned, (mode.peak, planned)
+
+
+# (vocab, rows, prompt, new tokens): a prefill-dominated rollout, and one dominated by a decode step's
+# vocabulary-sized temporaries
+ROLLOUT_CASES = [(512, 8, 128, 48), (65536, 16, 8, 8)]
+
+
+@pytest.mark.parametrize("case", ROLLOUT_CASES, ids=["prefill", "decode-step"])
+def test_eager_rollout_matches_a_measured_peak(case):
+    from tarpo.rollout import RolloutSpec, hybrid_generate
+    from tarpo.router import Router
+
+    vocab, B, P, T = case
+    model = tiny("qwen2", 128, 448, 3, 4, 2, vocab).to(torch.bfloat16)
+    ids = torch.randint(10, vocab, (B, P))
+    mask = torch.ones(B, P, dtype=torch.long)
+    mask[:, :3] = 0
+    spec = RolloutSpec(max_new_tokens=T, engine="eager", answer_tag="@@@@")  # no EOS, no tag: every row runs T steps
+    mode = LiveStorage()
+    with mode:
+        out = hybrid_generate(Backbone(model), Router(128, bias=[0.0, 0.0]), ids, mask, spec, lambda i: "x", [], 0,
+                              noise_seed=1)
+    assert out.token_ids.shape == (B, T)
+    run = mp.Run(rows=B, prompt=P, completion=T, engine="eager")
+    s = mp.shapes_of(model.config, ATTENTION, 8)
+    parts = mp.rollout_bytes(s, run)
+    # a lone call holds no earlier step's records, no weights or optimizer state of its own
+    planned = sum(parts.values()) - parts["weights"] - parts["adapter+optimizer"] - mp.records_bytes(s, run)
+    print(f"measured {mode.peak} planned {planned} ratio {mode.peak / planned:.3f}")
+    assert abs(mode.peak - planned) <= TOLERANCE * planned, (mode.peak, planned)
+
+
+def test_the_compiled_engine_cache_is_the_planned_kv_cache():
+    """The StaticCache that tarpo.static_decode allocates, after a prefill: B x bucketed length x layers x K, V."""
+    from transformers import StaticCache
+
+    model = tiny("llama", 64, 160, 3, 4, 2, 300).to(torch.bfloat16)
+    run = mp.Run(rows=4, prompt=40, completion=50, engine="compiled")
+    assert mp.cache_length(run) == 128  # 90 rounded up to the bucket of 64
+    cache = StaticCache(config=model.config, max_cache_len=mp.cache_length(run))
+    with torch.no_grad():
+        model.model(input_ids=torch.randint(3, 300, (4, 40)), past_key_values=cache, use_cache=True)
+    allocated = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert allocated == mp.rollout_bytes(mp.shapes_of(model.config, ATTENTION, 8), run)["kv_cache"]
+
+
+def run_launcher(monkeypatch, capsys, dataset, **env):
+    """``python -m tarpo.launch <dataset>`` in this process; returns (status, stdout, stderr)."""
+    from tarpo import launch
+    for name in ("MODEL", "ALGO", "BATCH", "MICRO_BATCH", "NUM_PROCESSES", "ACCELERATE_CONFIG", "BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    status = launch.main([dataset])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.mark.parametrize("backend", ["hf", "unsloth"])
+def test_every_preset_plans_within_an_80_gb_gpu(monkeypatch, capsys, backend):
+    """Before this change the configuration had no memory_plan and trained each step's 64 completions in one
+    micro-batch: 86 GiB planned for Qwen2.5-7B on MATH, 140 GiB for Llama-3.1-8B on DAPO."""
+    import tarpo.modeling
+    monkeypatch.setattr(tarpo.modeling, "resolve_backend", lambda b="auto": backend)  # unsloth needs CUDA
+    table = {}
+    for model in MODELS:
+        for dataset in DATASETS:
+            status, out, err = run_launcher(monkeypatch, capsys, dataset, MODEL=model, DRY_RUN="1", BACKEND=backend)
+            assert status == 0, err
+            cfg = json.loads(out.strip().splitlines()[-1])
+            plan, t = cfg["memory_plan"], cfg["trainer"]
+            table[model, dataset] = plan["micro_batch"]
+            assert plan["peak_gib"] <= 76 and plan["usable_gib"] <= 76 and plan["fits"]
+            assert plan["engine"] == ("eager" if backend == "unsloth" else "compiled")
+            batch = DATASETS[dataset]["per_device_train_batch_size"]
+            assert t["per_device_train_batch_size"] == plan["micro_batch"] and batch % plan["micro_batch"] == 0
+            assert t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] == batch
+            assert f"-bs{batch}-" in cfg["run_dir"]  # the run folder keeps its name: old runs resume
+    if backend == "hf":  # the large runs are split; the small ones are not
+        assert table["qwen2.5-7b", "math"] < 64 and table["llama3.1-8b", "dapo"] < 64
+        assert table["qwen2.5-1.5b", "gsm8k"] == 32
+
+
+def test_the_shell_launcher_prints_the_plan():
+    env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "BATCH", "MICRO_BATCH", "NUM_PROCESSES")}
+    res = subprocess.run(["bash", os.path.join(ROOT, "run_dapo.sh")], capture_output=True, text=True, timeout=300,
+                         env={**env, "PYTHON": sys.executable, "HF_HUB_OFFLINE": "1", "DRY_RUN": "1",
+                              "MODEL": "llama3.1-8b"})
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout.strip().splitlines()[-1])["memory_plan"]
+    assert {"rollout_gib", "train_gib", "peak_gib", "micro_batch", "gpu_gib"} <= set(plan)
+    assert plan["micro_batch"] == 16 and plan["gradient_accumulation_steps"] == 4
+
+
+def fake_gpu(monkeypatch, gib):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(gib * mp.GIB), int(gib * mp.GIB)))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: f"fake {gib} GiB")
+
+
+def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
+    from tarpo import launch
+    fake_gpu(monkeypatch, 40)
+    monkeypatch.setattr(launch, "check_trainer", lambda cfg, cuda: None)  # it would ask transformers for a bf16 GPU
+    status, out, err = run_launcher(monkeypatch, capsys, "math", MODEL="qwen2.5-3b", DRY_RUN="1")
+    assert status == 0, err
+    plan = json.loads(out.strip().splitlines()[-1])["memory_plan"]
+    assert plan["gpu_gib"] == 40 and plan["usable_gib"] == 38.4
+    s = mp.shapes_of(mp.preset_config("qwen2.5-3b"), ATTENTION, 32)
+    run = mp.Run(rows=64, prompt=1024, completion=1024)
+    assert mp.plan(s, run, plan["micro_batch"])["peak_gib"] <= 38.4 < mp.plan(s, run, 2 * plan["micro_batch"])["peak_gib"]
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"MICRO_BATCH": "5"}, "MICRO_BATCH=5: must divide the completions each process trains per step, "
+                           "BATCH/NUM_PROCESSES = 64/1 = 64"),
+    ({"MICRO_BATCH": "0"}, "MICRO_BATCH=0: must be >= 1"), ({"MICRO_BATCH": "x"}, "MICRO_BATCH='x'"),
+    ({"MICRO_BATCH": "64", "MODEL": "llama3.1-8b"}, "MICRO_BATCH: the run needs 140.5 GiB at MICRO_BATCH=64"),
+    ({"BATCH": "1024", "MODEL": "llama3.1-8b"}, "BATCH: the run needs"),
+])
+def test_bad_micro_batches_are_refused_before_anything_loads(monkeypatch, capsys, tmp_path, env, message):
+    from tarpo import launch
+    fake_gpu(monkeypatch, 79.1)
+    monkeypatch.setattr(launch, "train", lambda cfg: pytest.fail("the model was loaded"))
+    status, out, err = run_launcher(monkeypatch, capsys, "dapo", OUT_DIR=str(tmp_path / "runs"), **env)
+    assert status == 2 and message in err
+    if "needs" in message:
+        assert "MAX_COMPLETION_LENGTH or MODEL" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_hub_id_without_a_cached_config_skips_the_plan(monkeypatch, capsys):
+    status, out, err = run_launcher(monkeypatch, capsys, "gsm8k", MODEL="nobody/no-such-model", DRY_RUN="1",
+                                    MICRO_BATCH="8")
+    assert status == 0, err
+    cfg = json.loads(out.strip().splitlines()[-1])
+    assert "memory not planned" in cfg["memory_plan"]["skipped"] and cfg["memory_plan"]["micro_batch"] == 8
+    assert (cfg["trainer"]["per_device_train_batch_size"], cfg["trainer"]["gradient_accumulation_steps"]) == (8, 4)
