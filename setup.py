@@ -5,8 +5,12 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 here = Path(__file__).parent
+# requirements.txt pins the CPU dev environment; the package itself takes any supported torch, so
+# that installing it where a CUDA torch is already there (the GPU image's 2.11) keeps that torch.
+TORCH = "torch>=2.11,<2.14"
 requirements = [
-    line.strip() for line in (here / "requirements.txt").read_text().splitlines()
+    TORCH if line.strip().startswith("torch==") else line.strip()
+    for line in (here / "requirements.txt").read_text().splitlines()
     if line.strip() and not line.startswith("#")
 ]
 

@@ -9,7 +9,8 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-dev}
 stamp="$VENV/.tarpo-env"
-want=$(cat requirements.txt setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)-$EXTRAS
+want=$(cat requirements.txt setup.py scripts/setup_env.sh scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py \
+  | sha256sum | cut -c1-16)-$EXTRAS-${TARPO_TORCH_SIDE:-1}
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
@@ -42,5 +43,19 @@ if [[ ",$EXTRAS," == *",dev,"* && ",$EXTRAS," != *",gpu,"* ]]; then
     unsloth==2026.10.7 unsloth_zoo==2026.10.7 triton==3.7.1
   rm -rf "$VENV/unsloth-cpu" && mv "$VENV/unsloth-cpu.tmp" "$VENV/unsloth-cpu"
 fi
-echo "$want" > "$stamp"
+# The GPU machine's torch (2.11, CUDA build with stub CUDA libraries: a 506 MiB download, 1.1 GB on
+# disk, about 2 min) in a folder of its own: tests/test_torch_side.py runs the compiled engine's
+# tests under it in a subprocess. TARPO_TORCH_SIDE=0 leaves it out (the test then skips, saying so).
+# A failed install leaves .venv/torch-2.11.failed with the reason, and no stamp: the next run retries.
+side_ok=1 side_want=$(cat scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py | sha256sum | cut -c1-16)
+if [[ ",$EXTRAS," == *",dev,"* && "${TARPO_TORCH_SIDE:-1}" != 0 ]]; then
+  if [ ! -d "$VENV/torch-2.11/torch" ] || [ "$(cat "$VENV/torch-2.11/.stamp" 2>/dev/null)" != "$side_want" ]; then
+    if bash scripts/setup_torch_side.sh "$VENV/bin/python" "$VENV/torch-2.11"; then
+      echo "$side_want" > "$VENV/torch-2.11/.stamp"
+    else
+      side_ok=0
+    fi
+  fi
+fi
+[ "$side_ok" = 0 ] || echo "$want" > "$stamp"
 echo "environment ready: $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"
