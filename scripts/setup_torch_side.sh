@@ -11,7 +11,7 @@
 # On failure DEST.failed keeps the reason, which the test shows when it skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=$1
+PY=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # absolute (the check below runs in /tmp), links kept
 DEST=$(realpath -m "$2")
 TORCH=${TORCH_SIDE_VERSION:-2.11.0}
 CUDART=13.0.96  # nvidia-cuda-runtime, as torch 2.11's cuda-toolkit[cudart]==13.0.2 pins it
