@@ -1,7 +1,8 @@
 """Rollout throughput on CPU: both hybrid engines against ``model.generate``, side by side.
 
 A random ~25M-parameter Qwen2 (vocabulary 32,768, 4 K/V heads for 8 query heads), batch 16,
-256 new tokens, sampling at T = 0.5 with no top-k/top-p. EOS is disabled everywhere so every
+left-padded prompts of varying lengths (64 down to 16 tokens: every decode step attends with a
+padding mask), 256 new tokens, sampling at T = 0.5 with no top-k/top-p. EOS is disabled everywhere so every
 row decodes all 256 steps and every method does the same number of model steps. Methods:
 
 - ``generate``: ``model.generate`` (dynamic cache), the stock reference;
@@ -44,6 +45,7 @@ from transformers import CompileConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E
 from tarpo.backbone import Backbone  # noqa: E402
 from tarpo.rollout import RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.router import Router  # noqa: E402
+from tarpo.tiny import left_padded_prompts  # noqa: E402
 
 
 def build_model(vocab: int, seed: int = 0):
@@ -68,10 +70,9 @@ def main():
     vocab = 32768
     model = build_model(vocab)
     n_params = sum(p.numel() for p in model.parameters())
-    ids = torch.randint(2, vocab, (args.batch, args.prompt_len))
-    mask = torch.ones_like(ids)
-    mask[: args.batch // 2, : args.prompt_len // 4] = 0  # left padding in half the rows
-    ids[mask == 0] = 0
+    # left-padded prompts of varying lengths (prompt_len down to prompt_len / 4), as a real batch
+    ids, mask = left_padded_prompts(args.batch, args.prompt_len, vocab, pad_token_id=0, low=2)
+    lengths = mask.sum(1)
     backbone = Backbone(model)
     router = Router(model.config.hidden_size, bias=[2.2, 0.0])  # rho(soft) ~ 10%
     piece = lambda tok: "#" if tok == 3 else "a"  # noqa: E731  (a tag is reachable but improbable)
@@ -115,7 +116,8 @@ def main():
                 times[name].append(time.perf_counter() - t0)
 
     print(f"model: Qwen2 random init, {n_params / 1e6:.1f}M parameters, vocab {vocab}; batch {args.batch}, "
-          f"prompt {args.prompt_len}, {args.new_tokens} new tokens, {args.threads} threads, median of "
+          f"prompt {args.prompt_len} (left-padded, {int(lengths.min())}..{int(lengths.max())} tokens), "
+          f"{args.new_tokens} new tokens, {args.threads} threads, median of "
           f"{args.repeats}; torch {torch.__version__}, compile caches {'warm' if args.warm_caches else 'off'}")
     tps = {}
     for name in methods:

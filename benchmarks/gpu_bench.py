@@ -49,7 +49,7 @@ from tarpo.rollout import RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.router import Router  # noqa: E402
 from tarpo.scoring import score_rollout  # noqa: E402
 from tarpo.tagging import token_piece_fn  # noqa: E402
-from tarpo.tiny import QWEN25_3B, QWEN25_15B, random_model_dir, synthetic_rollout  # noqa: E402
+from tarpo.tiny import QWEN25_3B, QWEN25_15B, left_padded_prompts, random_model_dir, synthetic_rollout  # noqa: E402
 
 VERSIONED = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "tarpo")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -114,12 +114,12 @@ def bench_rollout(path, backend, device, args, config, ours=True, reference=Fals
     model, tok = load(path, backend, device, lora=True, config=config)
     model.eval()
     router = Router(model.config.hidden_size, bias=[2.2, 0.0]).to(device)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    prompts = torch.randint(10, model.config.vocab_size, (args.batch, args.prompt_len), generator=g).to(device)
-    mask = torch.ones_like(prompts)
+    # left-padded prompts of varying lengths (prompt_len down to prompt_len / 4): a padding mask at every step
+    prompts, mask = left_padded_prompts(args.batch, args.prompt_len, model.config.vocab_size, tok.pad_token_id)
+    prompts, mask = prompts.to(device), mask.to(device)
     piece = token_piece_fn(tok)
     spec = RolloutSpec(max_new_tokens=args.new_tokens, temperature=0.5, routing="learned", engine=engine)
-    out = {"engine": engine}
+    out = {"engine": engine, "prompt_lengths": [int(mask.sum(1).min()), int(mask.sum(1).max())]}
 
     def generate(n):
         s = RolloutSpec(max_new_tokens=n, temperature=0.5, routing="learned", engine=engine)
@@ -273,7 +273,10 @@ def render(results: dict) -> str:
         shape = {"1.5b": "Qwen2.5-1.5B", "3b": "Qwen2.5-3B"}[sz.get("shape", "1.5b")]
         lines += [f"Benchmarks: random-init {'tiny' if sz['tiny'] else shape} configuration, "
                   f"{'float32' if bench['device'] == 'cpu' else 'bf16'}.", ""]
-    lines += [f"## Rollout (batch {sz['batch']}, {sz['new_tokens']} new tokens, learned routing b0 = [2.2, 0])"
+    pad = next((f", left-padded prompts of {r['prompt_lengths'][0]}..{r['prompt_lengths'][1]} tokens"
+                for r in (steps.get(n) for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth"))
+                if isinstance(r, dict) and "prompt_lengths" in r), "")
+    lines += [f"## Rollout (batch {sz['batch']}, {sz['new_tokens']} new tokens{pad}, learned routing b0 = [2.2, 0])"
               if sz else "## Rollout", "",
               "| path | tokens/s | step ms | step / floor | soft ratio | compile s |", "|---|---|---|---|---|---|"]
     for name in ("rollout-hf", "rollout-compiled", "rollout-unsloth"):

@@ -11,6 +11,10 @@ expected version, when they do not match.
   (the ``lm_head`` input) on the model. Soft inputs reach that path through a forward hook on
   ``embed_tokens`` (:class:`tarpo.hooks.EmbeddingOverride`), which the decode path calls as a
   module: the ids keep flowing.
+- :mod:`.grouped_decode`: with a padding mask, Unsloth's decode attention
+  (``LlamaAttention_fast_forward_inference``) leaves SDPA only its math kernel, which copies the
+  whole K/V cache once per query head every step; the decode that :mod:`.decode_hidden` wraps is
+  built with an attention that reads the grouped K/V heads in place.
 - :mod:`.training_forward`: ``LlamaModel_fast_forward`` drops the padding mask in training mode
   and may detach ``inputs_embeds``; the patch makes it keep both for TARPO's rebuilt inputs.
 - :mod:`.trl_guard`: ``import unsloth`` swaps ``trl.GRPOTrainer`` for a rewritten class whose

@@ -7,7 +7,8 @@ Targets (unsloth 2026.10.7, ``unsloth/models/llama.py``):
   the norm never fires) and returns ``last_hidden_state`` = the ``lm_head`` input, then logits only.
 - ``CausalLM_fast_forward(fast_forward_inference)``, which builds the ``*ForCausalLM.forward``
   around that function and keeps it in a closure: re-binding the module global does nothing,
-  so the patch builds a new forward from a wrapper and installs it on the model's class.
+  so the patch builds a new forward from a wrapper and installs it on the model's class. The
+  decode it wraps is Unsloth's, built by Unsloth's factory with :mod:`.grouped_decode`'s attention.
 
 Must run after ``FastLanguageModel.from_pretrained`` (its ``pre_patch`` re-binds the class
 forward) and before a trainer is built. Sets Unsloth's marker that keeps its GRPO
@@ -18,6 +19,7 @@ hidden-state forward wrapper off the instance. After each decode step the hidden
 from __future__ import annotations
 
 from ..backbone import unwrap
+from . import grouped_decode
 
 
 def apply(model) -> None:
@@ -27,7 +29,7 @@ def apply(model) -> None:
     cls = type(base)
     if getattr(cls.forward, "_tarpo_decode_hidden", False):
         return
-    decode = unsloth_llama.LlamaModel_fast_forward_inference
+    decode = grouped_decode.decode_function()  # Unsloth's decode, its attention grouped (tarpo.patches.grouped_decode)
 
     def decode_keeping_hidden(self, input_ids, past_key_values, position_ids, attention_mask=None, **kwargs):
         out = decode(self, input_ids, past_key_values, position_ids, attention_mask=attention_mask, **kwargs)

@@ -14,6 +14,8 @@ import inspect
 import os
 from importlib.metadata import PackageNotFoundError, version
 
+from . import grouped_decode
+
 EXPECTED_VERSIONS = {"unsloth": "2026.10.7", "unsloth_zoo": "2026.10.7"}
 
 
@@ -26,6 +28,10 @@ class PatchError(RuntimeError):
 TARGETS = [
     ("models/llama.py", "_LlamaModel_fast_forward_inference.LlamaModel_fast_forward_inference_custom",
      ["self", "input_ids", "past_key_values", "position_ids", "attention_mask", "**kwargs"]),
+    ("models/llama.py", "_LlamaModel_fast_forward_inference",
+     ["attention_fast_forward_inference", "mlp_fast_forward_inference"]),
+    ("models/llama.py", "LlamaAttention_fast_forward_inference",
+     ["self", "hidden_states", "past_key_value", "position_ids", "do_prefill", "attention_mask", "rotary_seq_len"]),
     ("models/llama.py", "CausalLM_fast_forward", ["fast_forward_inference"]),
     ("models/llama.py", "CausalLM_fast_forward._CausalLM_fast_forward",
      ["self", "input_ids", "causal_mask", "attention_mask", "position_ids", "past_key_values", "inputs_embeds",
@@ -40,6 +46,9 @@ TARGETS = [
 ]
 # Module-level names the patches read at run time (module, attribute).
 RUNTIME_NAMES = [("unsloth.models.llama", "LlamaModel_fast_forward_inference"),
+                 ("unsloth.models.llama", "_LlamaModel_fast_forward_inference"),
+                 ("unsloth.models.llama", "LlamaAttention_fast_forward_inference"),
+                 ("unsloth.models.llama", "scaled_dot_product_attention"),
                  ("unsloth.models.llama", "CausalLM_fast_forward"),
                  ("unsloth.models.llama", "LlamaModel_fast_forward")]
 
@@ -103,6 +112,8 @@ def check_source(root: str | None = None) -> None:
         if got != params:
             raise PatchError(f"unsloth/{rel}: {dotted}{tuple(got)} differs from the expected {tuple(params)} "
                              f"(tarpo.patches expect unsloth=={want_version})")
+        if dotted == grouped_decode.TARGET:
+            grouped_decode.check_target(ast.unparse(node))
 
 
 def check() -> None:

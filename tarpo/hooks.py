@@ -18,6 +18,8 @@ On the transformers path this gives the same hidden states as passing ``inputs_e
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .backbone import Backbone, unwrap
@@ -142,9 +144,16 @@ class UnslothBackbone(Backbone):
     drops Unsloth's per-parameter LoRA copies (``_fast_lora``, made once in the decode
     path's dtype and otherwise cleared only by ``for_training``); each step clears
     ``_tarpo_hidden`` before the call and fails if the call did not set it again.
+
+    Release: when a rollout ends (:meth:`decoding` exits, on an error too) :meth:`end_rollout`
+    drops the returned cache (``_past``, views of Unsloth's paged K/V buffers) and the buffers
+    themselves (``paged_attention`` and the decode scratch Unsloth leaves on every attention
+    module), so no K/V of the rollout is alive during the training forward. Unsloth would
+    otherwise keep them until its next prefill, layer by layer.
     """
 
     fixed_batch = True
+    transformers_decode = False  # decode steps run Unsloth's attention (tarpo.patches.grouped_decode)
 
     def __init__(self, model: torch.nn.Module):
         super().__init__(model)
@@ -189,8 +198,33 @@ class UnslothBackbone(Backbone):
             param.__dict__.pop("_fast_lora", None)
         self.base._tarpo_hidden = None
 
+    def end_rollout(self) -> None:
+        """Drop everything the rollout's cache holds (see the class docstring); the next rollout prefills."""
+        self._session, self._past = None, None
+        self.override.pending = None
+        self.base.__dict__["_tarpo_hidden"] = None
+        for module in self.model.modules():
+            if "paged_attention" in module.__dict__:
+                for name in UNSLOTH_DECODE_BUFFERS:
+                    module.__dict__.pop(name, None)
+
+    @contextlib.contextmanager
     def decoding(self):
+        try:
+            with self.inference_mode():
+                yield
+        finally:
+            self.end_rollout()
+
+    def inference_mode(self):
         return _unsloth_inference_mode(self.model)
+
+
+# What Unsloth's decode attention (LlamaAttention_fast_forward_inference, unsloth 2026.10.7) leaves on each
+# attention module: the paged K/V buffer and its K/V views, and its per-batch scratch (temp_O may be a view of
+# temp_QA). Unsloth deletes all but temp_O at its next prefill; the next decode step after a prefill makes them anew.
+UNSLOTH_DECODE_BUFFERS = ("paged_attention", "paged_attention_K", "paged_attention_V", "temp_QA", "temp_KV", "RH_Q",
+                          "attention", "temp_O")
 
 
 def class_forward(module: torch.nn.Module):

@@ -21,6 +21,7 @@ the model's own token distribution, whatever the sampling temperature.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, fields
 
 import torch
@@ -243,13 +244,36 @@ def hybrid_generate(
         return compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids,
                                  pad_token_id, keys, latent, gaussian, gate, full_mix, lockstep)
     compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
-    with backbone.decoding():
-        return _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
-                       generator, latent, gaussian, gate, full_mix, compact, keys, lockstep)
+    cache = DynamicCache(config=backbone.config)
+    try:
+        with backbone.decoding(), _grouped_attention(backbone):
+            return _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
+                           generator, latent, gaussian, gate, full_mix, compact, keys, lockstep, cache)
+    finally:
+        release_cache(cache)
+
+
+def release_cache(cache: DynamicCache) -> None:
+    """Drop the K/V tensors of a rollout's cache, so that none outlives the rollout, also when it
+    ended in an error (whose traceback keeps the decode loop's frame, and the cache, alive)."""
+    cache.layers.clear()
+
+
+def _grouped_attention(backbone):
+    """The eager engine's decode steps through :func:`tarpo.static_decode.grouped_decode_attention`
+    where the model runs transformers' SDPA attention: with left padding that path copies K/V once
+    per query head at every step (``repeat_kv``), the grouped one reads the cache as it is. Other
+    attention implementations, and backbones with their own decode path (Unsloth's,
+    ``tarpo.patches.grouped_decode``), are left as they are (docs/rollout-engines.md)."""
+    from .static_decode import grouped_decode_attention_on
+
+    if not getattr(backbone, "transformers_decode", True) or backbone.config._attn_implementation != "sdpa":
+        return contextlib.nullcontext()
+    return grouped_decode_attention_on(backbone.config)
 
 
 def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id, generator,
-            latent, gaussian, gate, full_mix, compact, keys, lockstep) -> Rollout:
+            latent, gaussian, gate, full_mix, compact, keys, lockstep, cache) -> Rollout:
     device = prompt_ids.device
     B, T, k = prompt_ids.shape[0], spec.max_new_tokens, spec.soft_top_k
     E = backbone.embed_weight
@@ -264,7 +288,6 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
     alive = torch.ones(B, dtype=torch.bool, device=device)
     mask = prompt_mask.long()
     pos = positions_from_mask(mask)
-    cache = DynamicCache(config=backbone.config)
     hidden = backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
     next_pos = pos[:, -1] + 1
 

@@ -98,6 +98,25 @@ def random_model_dir(root: str, config: dict = QWEN25_15B, dtype=torch.bfloat16,
     return root
 
 
+def left_padded_prompts(batch: int, length: int, vocab: int, pad_token_id: int, seed: int = 0, low: int = 10,
+                        shortest: int | None = None):
+    """Random prompts ``[batch, length]``, left-padded to ``length``: row lengths spread evenly from
+    ``length`` down to ``shortest`` (default ``length // 4``), as a batch of real prompts would be.
+    Returns ``(ids, mask)``; padded positions hold ``pad_token_id``.
+
+    >>> ids, mask = left_padded_prompts(3, 8, 100, 0)
+    >>> mask.sum(1).tolist(), bool((ids[mask == 0] == 0).all())
+    ([8, 5, 2], True)
+    """
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(low, vocab, (batch, length), generator=g)
+    shortest = max(1, length // 4) if shortest is None else shortest
+    lengths = [length - (length - shortest) * r // max(batch - 1, 1) for r in range(batch)]
+    mask = (torch.arange(length)[None] >= length - torch.tensor(lengths)[:, None]).long()
+    ids[mask == 0] = pad_token_id
+    return ids, mask
+
+
 def synthetic_rollout(vocab: int, G: int, P: int, T: int, k: int, device, seed: int = 0):
     """A recorded batch for benchmarks and checks: G rows of P prompt and T completion tokens,
     ~10% soft steps with random top-k mixtures, every step but the last a thinking step."""

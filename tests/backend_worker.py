@@ -32,6 +32,9 @@ import tempfile
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's tarpo
+from checkout import use_checkout_patches  # noqa: E402  (and its tarpo.patches)
+
 ROWS, PROMPT_LEN = 4, 48
 
 
@@ -159,6 +162,7 @@ def main(argv=None) -> int:
                          "no trainer step")
     args = ap.parse_args(argv)
 
+    use_checkout_patches()
     import tarpo.trainer  # noqa: F401  (TRL's own GRPOTrainer before Unsloth can replace it)
     from tarpo.hooks import make_backbone
     from tarpo.modeling import load_trained

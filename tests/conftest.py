@@ -3,6 +3,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from checkout import use_checkout_patches  # noqa: E402
+
+use_checkout_patches()  # before anything imports tarpo.patches (tests/checkout.py)
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402

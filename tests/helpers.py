@@ -66,6 +66,6 @@ def stand_in_unsloth_decode(model, monkeypatch):
         return original(self, *args, **kwargs)
     forward._tarpo_decode_hidden = True
     monkeypatch.setattr(type(base), "forward", forward)
-    monkeypatch.setattr(UnslothBackbone, "decoding", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(UnslothBackbone, "inference_mode", lambda self: contextlib.nullcontext())
     monkeypatch.setattr(base, BACKEND_MARKER, "unsloth", raising=False)
     return final_norm(model).register_forward_hook(lambda m, a, out: setattr(base, "_tarpo_hidden", out))

@@ -62,6 +62,9 @@ def _source_with(params_of):
                 continue
             if "()" in child:
                 out.append(f"{indent}def {name}({', '.join(child['()'])}):")
+                if name == "LlamaAttention_fast_forward_inference":  # the call tarpo.patches.grouped_decode swaps
+                    out.append(f"{indent}    scaled_dot_product_attention(Qn, Knn, Vnn, attn_mask = attention_mask, "
+                               "is_causal = is_causal, enable_gqa = True)")
             else:
                 out.append(f"{indent}class {name}:")
             out += emit(child, indent + "    ") or [f"{indent}    pass"]
@@ -79,6 +82,10 @@ def test_source_check_passes_on_matching_targets_and_names_the_function_otherwis
     source = _source_with({}).replace("def LlamaModel_fast_forward(", "def LlamaModel_forward_renamed(")
     with pytest.raises(PatchError, match=r"function LlamaModel_fast_forward not found .*unsloth==2026\.10\.7"):
         check_source(_fake_unsloth(tmp_path / "gone", source))
+    source = _source_with({}).replace("enable_gqa = True", "enable_gqa = False")
+    with pytest.raises(PatchError, match=r"LlamaAttention_fast_forward_inference no longer calls "
+                                         r"scaled_dot_product_attention.*unsloth==2026\.10\.7"):
+        check_source(_fake_unsloth(tmp_path / "nogqa", source))
 
 
 @pytest.mark.skipif(unsloth_installed, reason="unsloth is installed here")
@@ -135,3 +142,23 @@ def test_the_patches_install_as_tarpo_patches_only(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "tarpo/patches/decode_hidden.py" in names and "tarpo/patches/trl_guard.py" in names
     assert all(n.startswith(("tarpo/", "tarpo-")) for n in names), [n for n in names if not n.startswith("tarpo")]
+
+
+def test_unsloth_patch_grouped_sdpa_equals_sdpa_with_enable_gqa_and_a_padding_mask():
+    """tarpo.patches.grouped_decode's stand-in for Unsloth's decode SDPA call (Unsloth itself:
+    tests/test_unsloth_cpu.py)."""
+    import torch
+
+    from tarpo.patches.grouped_decode import grouped_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, h, length, 16, generator=g) for h, length in ((8, 1), (2, 11), (2, 11)))
+    mask = torch.ones(3, 1, 1, 11, dtype=torch.bool)
+    mask[1, ..., :4] = False  # left padding
+    mask[2, ..., :7] = False
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    ours = grouped_sdpa(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=True)
+    torch.testing.assert_close(ours, reference, atol=1e-6, rtol=0)
+    full = torch.randn(3, 8, 5, 16, generator=g)  # not a decode step: torch's function as called
+    torch.testing.assert_close(grouped_sdpa(full, k, v, attn_mask=None, enable_gqa=True),
+                               torch.nn.functional.scaled_dot_product_attention(full, k, v, enable_gqa=True))

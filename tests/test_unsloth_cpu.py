@@ -52,3 +52,36 @@ def test_unsloth_decode_and_training_forward_equal_transformers(tmp_path):
     assert got["free_running_token_agreement"] == 1.0                          # same draws, step for step
     assert got["loss_rel_diff"] < 1e-5 and got["grads_rel_err"] < 1e-4        # LoRA gradients through it
     assert not os.path.exists(os.path.join(HERE, "unsloth_compiled_cache"))
+
+
+def test_unsloth_grouped_decode_attention_equals_its_own_and_copies_no_kv_per_head(tmp_path):
+    """tarpo.patches.grouped_decode on Unsloth's decode path, left-padded rows: the same rollout as
+    Unsloth's own attention (SDPA with ``enable_gqa`` and the padding mask, whose math kernel copies K/V
+    per query head) and no such call; after the rollout none of its K/V (``UnslothBackbone._past``,
+    Unsloth's paged buffers) is alive (tests/unsloth_decode_worker.py)."""
+    base, adapter = prepare(str(tmp_path), TINY, torch.float32)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", UNSLOTH_ALLOW_CPU="1",
+               UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_cache"), PYTHONPATH=os.pathsep.join([SITE, HERE]))
+    runs = {}
+    for name in ("grouped", "repeated"):
+        out = str(tmp_path / f"{name}.pt")
+        res = subprocess.run([sys.executable, os.path.join(HERE, "unsloth_decode_worker.py"), base, adapter, out,
+                              *(["--repeated"] if name == "repeated" else [])], capture_output=True, text=True,
+                             timeout=600, env=env, cwd=str(tmp_path))
+        assert res.returncode == 0, res.stderr[-5000:]
+        runs[name] = torch.load(out)
+    grouped, repeated = runs["grouped"], runs["repeated"]
+    a, b = grouped["rollout"], repeated["rollout"]
+    assert (a["prompt_mask"] == 0).any() and a["is_soft"].any()
+    assert torch.equal(a["token_ids"], b["token_ids"]) and torch.equal(a["is_soft"], b["is_soft"])
+    torch.testing.assert_close(a["logp"], b["logp"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(a["p_soft"], b["p_soft"], atol=1e-5, rtol=0)
+    groups = grouped["groups"]
+    assert groups > 1
+    decode_steps = [c for c in repeated["calls"] if c["query"][2] == 1]
+    assert decode_steps and all(c["gqa"] and c["mask"] for c in decode_steps)  # the reference expands K/V
+    assert not any(c["gqa"] and c["mask"] for c in grouped["calls"])
+    in_groups = [c for c in grouped["calls"] if c["query"][1] == c["key"][1] and c["query"][2] == groups]
+    assert len(in_groups) == len(decode_steps)  # the same steps, each group's query heads along the query axis
+    for run in (grouped, repeated):
+        assert run["refs"] > 0 and run["alive"] == 0 and not run["modules_with_buffers"] and not run["past"]
