@@ -237,8 +237,8 @@ class TarpoConfig(GRPOConfig):
                                           "with BACKEND=unsloth it is Unsloth's fast decode path); 'compiled', one "
                                           "static-shape step under torch.compile (CUDA graphs on CUDA), transformers "
                                           "backend only (tarpo.static_decode); 'auto', compiled on the transformers "
-                                          "backend (2.4x the eager engine on CPU, benchmarks/bench_rollout.py), eager "
-                                          "with Unsloth. In training both engines draw the same samples (keyed noise, "
+                                          "backend on CUDA, eager with Unsloth and on the CPU (where compiling a "
+                                          "deep model costs more than a short run saves). In training both engines draw the same samples (keyed noise, "
                                           "docs/rollout-engines.md)."})
     compact_finished_rows: bool = field(
         default=True, metadata={"help": "Drop finished rows from the decode batch and KV cache so they stop "

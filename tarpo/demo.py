@@ -125,6 +125,7 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
         lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         bf16=False, gradient_checkpointing=False, save_strategy="no", report_to="none",
         disable_tqdm=True, logging_steps=1, lr_scheduler_type=args.lr_schedule,
+        rollout_engine="compiled",  # its 150-step runs repay the compile on the CPU (auto would pick eager there)
     )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:

@@ -161,7 +161,8 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
         backend = resolve_backend(cfg["backend"])
         full_mix = t["routing"] == "soft_tokens" or (t["routing"] == "hrpo" and t.get("hrpo_mixture") == "full")
         run = mp.Run(rows=per_process, prompt=t["max_prompt_length"], completion=t["max_completion_length"],
-                     engine=engine_for_backend(t.get("rollout_engine", "auto"), backend, "ENGINE"), backend=backend,
+                     engine=engine_for_backend(t.get("rollout_engine", "auto"), backend, "ENGINE", cuda=True),
+                     backend=backend,
                      soft_top_k=t["soft_top_k"], full_mix=full_mix, gate=t["routing"] == "hrpo",
                      optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),
                      full_kl=t.get("token_kl") == "full", checkpointing=t["gradient_checkpointing"],

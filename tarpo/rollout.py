@@ -135,29 +135,40 @@ def steps_that_ran(completion_mask: torch.Tensor) -> int:
     return int(ran.nonzero().max()) + 1 if bool(ran.any()) else 1
 
 
+def decodes_on_its_own_path(backbone) -> bool:
+    """Whether the backbone decodes through its own path (Unsloth's, :mod:`tarpo.hooks`) rather than
+    by feeding ``inputs_embeds`` to the transformers decoder, which the compiled engine needs."""
+    return type(backbone).hidden is not Backbone.hidden or getattr(backbone, "fixed_batch", False)
+
+
 def resolve_engine(engine: str, backbone) -> str:
-    """``"auto"`` -> ``"compiled"`` for a backbone that feeds ``inputs_embeds`` to the transformers
-    decoder, ``"eager"`` for one with its own decode path (Unsloth's, :mod:`tarpo.hooks`)."""
+    """``"auto"`` -> ``"compiled"`` for a backbone on CUDA that feeds ``inputs_embeds`` to the
+    transformers decoder; ``"eager"`` on the CPU, where compiling the step costs more than short
+    runs save (docs/rollout-engines.md), and for a backbone with its own decode path."""
     if engine != "auto":
         return engine
-    own_path = type(backbone).hidden is not Backbone.hidden or getattr(backbone, "fixed_batch", False)
-    return "eager" if own_path else "compiled"
+    on_cuda = backbone.embed_weight.device.type == "cuda"
+    return "compiled" if on_cuda and not decodes_on_its_own_path(backbone) else "eager"
 
 
-def engine_for_backend(engine: str, backend: str, setting: str = "rollout_engine") -> str:
+def engine_for_backend(engine: str, backend: str, setting: str = "rollout_engine", cuda: bool | None = None) -> str:
     """The engine a run will use, known before the model loads (``backend``: ``hf`` or ``unsloth``,
-    as :func:`tarpo.modeling.resolve_backend` returns); a compiled engine on Unsloth is refused,
-    naming ``setting``.
+    as :func:`tarpo.modeling.resolve_backend` returns; ``cuda``: whether it runs on a GPU, default:
+    whether this machine has one); a compiled engine on Unsloth is refused, naming ``setting``.
 
-        >>> engine_for_backend("auto", "hf"), engine_for_backend("auto", "unsloth")
-        ('compiled', 'eager')
+        >>> [engine_for_backend("auto", b, cuda=True) for b in ("hf", "unsloth")], engine_for_backend("auto", "hf", cuda=False)
+        (['compiled', 'eager'], 'eager')
     """
     if engine not in ENGINES:
         raise ValueError(f"{setting}={engine!r}: must be one of {', '.join(ENGINES)}")
     if backend == "unsloth" and engine == "compiled":
         raise ValueError(f"{setting}=compiled runs the transformers decoder with a static cache; Unsloth replaces "
                          "that decoder process-wide: use the eager engine (Unsloth's decode path) or the hf backend")
-    return engine if engine != "auto" else ("eager" if backend == "unsloth" else "compiled")
+    if engine != "auto":
+        return engine
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    return "compiled" if cuda and backend != "unsloth" else "eager"
 
 
 def _route(spec, router, hidden, entropy, decide, generator, uniforms=None):

@@ -325,9 +325,9 @@ def cache_length(prompt_len: int, new_tokens: int, prompt_budget: int | None = N
 
 
 def check_backbone(backbone) -> None:
-    from .rollout import resolve_engine
+    from .rollout import decodes_on_its_own_path
 
-    if resolve_engine("auto", backbone) != "compiled":
+    if decodes_on_its_own_path(backbone):
         raise ValueError(f"engine='compiled' feeds inputs_embeds to the transformers decoder with a StaticCache; "
                          f"{type(backbone).__name__} decodes through its own path (BACKEND=unsloth): use "
                          "engine='eager' with it")

@@ -121,12 +121,12 @@ def test_a_changed_setting_refuses_to_mix_with_an_old_file(tiny, tmp_path, capsy
 @needs_data
 def test_the_engine_is_a_setting_of_the_samples(tiny, tmp_path, capsys):
     """The engines draw different random streams: a file of one does not resume with the other."""
-    assert cli(eval_args(tiny, tmp_path, "--limit", "2")) == 0  # auto: compiled on the transformers backend
+    assert cli(eval_args(tiny, tmp_path, "--limit", "2", "--engine", "compiled")) == 0
     settings = json.load(open(tmp_path / "gsm8k.settings.json"))
     assert settings["engine"] == "compiled"
     assert cli(eval_args(tiny, tmp_path, "--limit", "2", "--engine", "eager")) == 2
     assert "engine: 'compiled' -> None" in capsys.readouterr().err  # None: eager, as files older than engines
-    assert cli(eval_args(tiny, tmp_path / "eager", "--limit", "2", "--engine", "eager")) == 0
+    assert cli(eval_args(tiny, tmp_path / "eager", "--limit", "2")) == 0  # auto on the CPU: eager
     assert json.load(open(tmp_path / "eager" / "gsm8k.settings.json"))["engine"] is None
     a, b = lines(tmp_path / "gsm8k.jsonl"), lines(tmp_path / "eager" / "gsm8k.jsonl")
     assert len(a) == len(b) == 8 and [r["tokens"] for r in a] != [r["tokens"] for r in b]

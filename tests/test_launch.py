@@ -99,10 +99,11 @@ def test_baseline_settings_as_their_authors_run_them():
 def test_the_compiled_engine_is_refused_on_unsloth_before_anything_loads():
     from tarpo.rollout import engine_for_backend
 
-    picked = {(e, b): engine_for_backend(e, b) for e, b in (("auto", "hf"), ("auto", "unsloth"), ("eager", "unsloth"),
-                                                           ("compiled", "hf"))}
+    picked = {(e, b): engine_for_backend(e, b, cuda=True) for e, b in (("auto", "hf"), ("auto", "unsloth"),
+                                                                      ("eager", "unsloth"), ("compiled", "hf"))}
     assert picked == {("auto", "hf"): "compiled", ("auto", "unsloth"): "eager", ("eager", "unsloth"): "eager",
                       ("compiled", "hf"): "compiled"}
+    assert engine_for_backend("auto", "hf", cuda=False) == "eager"  # on the CPU the compile is not repaid
     with pytest.raises(ValueError, match="ENGINE=compiled runs the transformers decoder.*Unsloth"):
         engine_for_backend("compiled", "unsloth", "ENGINE")
 
