@@ -22,12 +22,15 @@ MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-32}
 EVAL_QUESTIONS=${EVAL_QUESTIONS:-300}
 EVAL_N=${EVAL_N:-8}                  # samples per test question: pass@1 and pass@EVAL_N
 ALGOS=${ALGOS:-grpo,tarpo}
+ENGINE=${ENGINE:-auto}               # rollout engine of the RL runs: auto (decided by cost) | eager | compiled
+WORKERS=${WORKERS:-0}                # processes training/evaluating the systems side by side (0: one per core)
 CACHE_DIR=${CACHE_DIR:-runs/cache}
 OUT=${OUT:-runs/demo-$(date +%Y%m%d-%H%M%S)-seed$SEED}
 
-bash scripts/setup_env.sh
+bash scripts/setup_env.sh run   # the demo needs no test tools
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m tarpo.demo --out "$OUT" --cache-dir "$CACHE_DIR" --seed "$SEED" --warm-seed "$WARM_SEED" \
   --sft-steps "$SFT_STEPS" --sft-noise "$SFT_NOISE" --steps "$STEPS" --group-size "$GROUP_SIZE" \
   --batch "$BATCH" --lr "$LR" --router-lr "$ROUTER_LR" --lr-schedule "$LR_SCHEDULE" --temperature "$TEMPERATURE" \
-  --max-new-tokens "$MAX_NEW_TOKENS" --eval-questions "$EVAL_QUESTIONS" --eval-n "$EVAL_N" --algos "$ALGOS"
+  --max-new-tokens "$MAX_NEW_TOKENS" --eval-questions "$EVAL_QUESTIONS" --eval-n "$EVAL_N" --algos "$ALGOS" \
+  --engine "$ENGINE" --workers "$WORKERS"

@@ -55,5 +55,6 @@ BACKEND=${BACKEND:-auto}           # auto: Unsloth (tarpo.patches) on CUDA with 
 NUM_PROCESSES=${NUM_PROCESSES:-}   # > 1: that many processes (one per GPU) under accelerate launch; empty: 1,
                                    # or ACCELERATE_CONFIG's num_processes
 ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-}  # accelerate config file (FSDP, DeepSpeed, ...); empty: plain data parallel
+CPU_MAX_HOURS=${CPU_MAX_HOURS:-}     # no CUDA: the run starts after a printed time estimate, refused past this (12 h)
 set +a
 exec bash "$(dirname "$0")/scripts/launch.sh" gsm8k

@@ -28,6 +28,6 @@ setup(
     entry_points={"console_scripts": ["tarpo = tarpo.cli:main"]},
     extras_require={
         "gpu": ["unsloth==2026.10.7", "unsloth_zoo==2026.10.7"],
-        "dev": ["pytest==9.2.0"],
+        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0"],
     },
 )

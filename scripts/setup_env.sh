@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# Create (or refresh) the project's virtual environment in .venv from requirements.txt
-# and setup.py. Idempotent: does nothing when the environment matches those files.
-#   bash scripts/setup_env.sh            # CPU environment (torch CPU wheel) + dev tools
+# Create (or refresh) the project's virtual environment in .venv from requirements.txt and
+# setup.py. Idempotent: each layer does nothing when it matches those files.
+#   bash scripts/setup_env.sh run       # what the demo and the launchers need (torch CPU wheel + pins)
+#   bash scripts/setup_env.sh           # that, plus the test tools (pytest, the CPU copy of Unsloth,
+#                                       # the GPU machine's torch 2.11 beside it): what scripts/test.sh uses
 #   EXTRAS=dev,gpu bash scripts/setup_env.sh   # on a CUDA machine, with Unsloth
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LAYER=${1:-dev}
+case "$LAYER" in run|dev) ;; *) echo "setup_env.sh: unknown layer '$LAYER' (run | dev)" >&2; exit 2;; esac
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-dev}
+[ "$LAYER" = run ] && EXTRAS=${EXTRAS//dev/} && EXTRAS=${EXTRAS//,,/,} && EXTRAS=${EXTRAS#,} && EXTRAS=${EXTRAS%,}
+core=$(cat requirements.txt setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)
+want=$core-$(cat scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py | sha256sum | cut -c1-16)-$EXTRAS-${TARPO_TORCH_SIDE:-1}
 stamp="$VENV/.tarpo-env"
-want=$(cat requirements.txt setup.py scripts/setup_env.sh scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py \
-  | sha256sum | cut -c1-16)-$EXTRAS-${TARPO_TORCH_SIDE:-1}
+run_stamp="$VENV/.tarpo-env-run"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0  # the full (dev) environment covers the run layer too
+fi
+if [ "$LAYER" = run ] && [ -f "$run_stamp" ] && [ "$(cat "$run_stamp")" = "$core-$EXTRAS" ]; then
   exit 0
 fi
 "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "TARPO needs Python >= 3.11"'
@@ -31,9 +40,16 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
     pip install "$torch_pin" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
   fi
 fi
-pip install -r requirements.txt
-pip install -e ".[$EXTRAS]"
-"$VENV/bin/python" -c "import tarpo, torch, trl, peft, transformers"
+if [ ! -f "$run_stamp" ] || [ "$(cat "$run_stamp")" != "$core-${EXTRAS}" ]; then
+  pip install -r requirements.txt
+  pip install -e ".${EXTRAS:+[$EXTRAS]}"
+  "$VENV/bin/python" -c "import tarpo, torch, trl, peft, transformers"
+  echo "$core-$EXTRAS" > "$run_stamp"
+fi
+if [ "$LAYER" = run ]; then
+  echo "environment ready: $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"
+  exit 0
+fi
 # The pinned Unsloth, kept OUT of the environment (importing it patches transformers process-wide)
 # in a folder of its own: tests/test_unsloth_cpu.py runs its Python code on the CPU in a subprocess.
 # triton is the version torch 2.13's CUDA wheel pins; unsloth_zoo imports it at top level.

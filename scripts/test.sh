@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Set up the environment if needed, then run the test suite (offline). Extra arguments go to pytest.
+# Set up the environment if needed, then run the test suite (offline), one pytest-xdist worker per
+# core (TEST_WORKERS=N to choose; 0 runs in this process). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest "$@"
+workers=${TEST_WORKERS:-auto}
+if [ "$workers" = 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+# tests/conftest.py says which tests share a worker (pytest_xdist_make_scheduler)
+exec .venv/bin/python -m pytest -n "$workers" "$@"

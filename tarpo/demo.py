@@ -20,9 +20,11 @@ import argparse
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 from tqdm.auto import tqdm
@@ -125,7 +127,7 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
         lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         bf16=False, gradient_checkpointing=False, save_strategy="no", report_to="none",
         disable_tqdm=True, logging_steps=1, lr_scheduler_type=args.lr_schedule,
-        rollout_engine="compiled",  # its 150-step runs repay the compile on the CPU (auto would pick eager there)
+        rollout_engine=args.engine,
     )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -190,23 +192,44 @@ def parse_args(argv=None):
     ap.add_argument("--eval-questions", type=int, default=300)
     ap.add_argument("--eval-n", type=int, default=8, help="samples per test question (k of pass@k)")
     ap.add_argument("--algos", default="grpo,tarpo", help="RL systems to train and evaluate besides CoT")
+    ap.add_argument("--engine", default="auto", choices=["auto", "eager", "compiled"],
+                    help="rollout engine of the RL runs (docs/rollout-engines.md); auto: the one whose cost the "
+                         "run repays, decided after the first rollout (tarpo/engine_choice.py)")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="processes that train and evaluate the systems side by side (0: one per core, at most "
+                         "one per system); the cores are shared among them")
     return ap.parse_args(argv)
+
+
+def run_system(name: str, base: str, args) -> dict:
+    """Evaluate one system: ``cot`` (the warm start), or an RL algorithm trained first."""
+    torch.set_num_threads(args.threads)
+    adapter = None if name == "cot" else train_rl(name, base, os.path.join(args.out, name), args)
+    return evaluate_system(name, base, adapter, args)
 
 
 def main(argv=None) -> str:
     args = parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    cores = os.cpu_count() or 1
+    algos = [a for a in args.algos.split(",") if a]
+    workers = max(1, min(args.workers or cores, cores, len(algos) + 1))
+    args.threads = max(1, cores // workers)
     args.out = args.out or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vars(args), f, indent=2)
     started = time.time()
+    torch.set_num_threads(cores)
     base = warm_start(args.cache_dir, args.sft_steps, args.warm_seed, args.sft_noise)
-    summary = {"cot": evaluate_system("cot", base, None, args)}
-    for algo in [a for a in args.algos.split(",") if a]:
-        adapter = train_rl(algo, base, os.path.join(args.out, algo), args)
-        summary[algo] = evaluate_system(algo, base, adapter, args)
-    algos = [a for a in args.algos.split(",") if a]
+    names = [*algos, "cot"]  # the long runs first; CoT's evaluation goes to the first free worker
+    if workers == 1:
+        results = {name: run_system(name, base, args) for name in names}
+    else:  # each system in its own process: on a few cores a tiny model's step is bound by Python, not FLOPs
+        _log(f"training and evaluating {', '.join(names)} in {workers} processes of {args.threads} thread(s)")
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {name: pool.submit(run_system, name, base, args) for name in names}
+            results = {name: future.result() for name, future in futures.items()}
+    summary = {name: results[name] for name in ["cot", *algos]}
     if algos:  # the training curves of the RL runs, as `tarpo plot` draws them
         plot_runs([os.path.join(args.out, a) for a in algos], algos, os.path.join(args.out, "curves.png"))
     table = render_table(summary, args.eval_n)

@@ -22,6 +22,7 @@ import torch
 from .hooks import make_backbone
 from .graders import grade_batch
 from .metrics import majority_vote, mean_pass_at_k, mean_sd_ci
+from .modeling import stop_token_ids
 from .rollout import RolloutSpec, hybrid_generate
 from .tagging import token_piece_fn
 from .prompts import encode_prompts
@@ -54,12 +55,13 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
     backbone = make_backbone(model)
     device = next(model.parameters()).device
     piece = token_piece_fn(tokenizer)
+    stop = stop_token_ids(model, tokenizer)
     jobs = [(ex, i) for ex in examples for i in range(n)]
     records = []
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
         ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device)
-        out = hybrid_generate(backbone, router, ids, mask, spec, piece, [tokenizer.eos_token_id],
+        out = hybrid_generate(backbone, router, ids, mask, spec, piece, stop,
                               tokenizer.pad_token_id, generator, latent=gate)
         for row, (ex, i) in enumerate(chunk):
             records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer, soft_detail)})

@@ -6,7 +6,8 @@ The launcher's shell variables (and the environment) override the presets of
 1. resolve the configuration and check it (bad values name their variable); plan the GPU memory
    and pick the training micro-batch (:func:`plan_memory`, docs/memory-plan.md), refusing a run
    that cannot fit; ``DRY_RUN=1`` prints it, the last line being the configuration as one JSON object;
-2. refuse to start a hub model without CUDA (a tiny local model may run on CPU);
+2. without CUDA, estimate the run's time from a short probe of the model and print it, refusing
+   a run longer than ``CPU_MAX_HOURS`` (:mod:`tarpo.cpu_estimate`);
 3. train with :class:`tarpo.trainer.TarpoTrainer` into the run folder (``launch_config.json``,
    ``metrics.jsonl``, checkpoints, ``adapter/`` with the router), resuming from the newest
    complete checkpoint there if any (:mod:`tarpo.checkpoints`); a finished run is a no-op;
@@ -34,7 +35,6 @@ from .distributed import cpu_requested
 from .files import write_json_atomic
 from .presets import resolve
 
-TINY_PARAMS = 100_000_000
 LAUNCHED = "TARPO_LAUNCHED"  # "1" in the processes that accelerate launch starts for a launcher run
 
 
@@ -82,27 +82,24 @@ def check_processes(cfg: dict, devices: int, cpu: bool) -> None:
                          "machines")
 
 
-def estimated_params(folder: str) -> int | None:
-    """Parameter count estimated from a local model folder's config.json (None if unreadable)."""
-    try:
-        with open(os.path.join(folder, "config.json")) as f:
-            c = json.load(f)
-        h, layers, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
-    except (OSError, KeyError, ValueError):
-        return None
-    return layers * (4 * h * h + 3 * h * inter) + 2 * vocab * h
-
-
-def check_runnable(cfg: dict, cuda: bool) -> None:
-    """Without CUDA only a tiny local model may train (the CPU path is for tests and demos)."""
-    if cuda:
-        return
-    n = estimated_params(cfg["model"]) if os.path.isdir(cfg["model"]) else None
-    if n is None or n > TINY_PARAMS:
-        raise SystemExit(
-            f"No CUDA device: {cfg['model']} needs a GPU for this run. On a CPU-only machine run the demo "
-            "instead (`bash run_demo.sh`), or set MODEL to a tiny local model folder "
-            f"(< {TINY_PARAMS // 10**6}M parameters) to try the pipeline.")
+def cpu_run_estimate(cfg: dict, model, tokenizer, dataset) -> float:
+    """Without CUDA: probe the loaded model (:mod:`tarpo.cpu_estimate`), print the time of a step and
+    of the run, and return the run's seconds. Before any file of the run is written."""
+    from .cpu_estimate import describe, planned_steps, probe
+    from .prompts import prompt_ids
+    t = cfg["trainer"]
+    rows = t["per_device_train_batch_size"] * t.get("gradient_accumulation_steps", 1)
+    sample = [prompt_ids(tokenizer, p, t["max_prompt_length"], i)[0] for i, p in enumerate(dataset["prompt"][:64])]
+    prompt = round(sum(map(len, sample)) / max(1, len(sample)))
+    estimate = probe(model, rows)
+    step = estimate.step_seconds(rows, prompt, t["max_completion_length"], t["beta"])
+    steps = planned_steps(t.get("max_steps", -1), t["num_train_epochs"], len(dataset), t["num_generations"],
+                          rows * cfg["num_processes"])
+    print(f"CPU estimate: {describe(step)} a step ({rows} completions of up to {t['max_completion_length']} tokens "
+          f"after prompts of ~{prompt}: decode {estimate.decode_step_s * 1000:.0f} ms a token, forward "
+          f"{estimate.forward_tok_s:.0f} tokens/s, training {estimate.train_tok_s:.0f} tokens/s), "
+          f"{steps} steps: {describe(step * steps)} (tarpo/cpu_estimate.py)", flush=True)
+    return step * steps
 
 
 def check_data(cfg: dict) -> None:
@@ -210,6 +207,7 @@ def train(cfg: dict) -> str:
     from .prompts import count_too_long
     from .tasks import load_task
     from .trainer import TarpoTrainer
+    import torch
 
     run_dir, main = cfg["run_dir"], process_rank() == 0
     args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
@@ -220,13 +218,24 @@ def train(cfg: dict) -> str:
             print(f"run already finished at step {done}; nothing to do ({adapter} is its adapter; raise MAX_STEPS "
                   "to train further, or set another RUN_NAME/OUT_DIR for a new run)")
         return adapter
+    try:
+        tokenizer = load_tokenizer(cfg["model"])
+    except OSError as exc:  # offline without the model in the hub cache, a folder without a tokenizer, ...
+        where = "" if torch.cuda.is_available() else (" On a CPU-only machine run the demo (bash run_demo.sh) or "
+                                                      "set MODEL to a small local model folder.")
+        raise ValueError(f"MODEL={cfg['model']}: cannot be loaded ({str(exc).splitlines()[0]}).{where}") from None
     dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
-    tokenizer = load_tokenizer(cfg["model"])
     count_too_long(tokenizer, dataset["prompt"], args.max_prompt_length)  # a prompt that cannot fit: refused now
+    model = training_policy(cfg["model"], args, cfg["backend"], "bfloat16" if args.bf16 else "float32")
+    if not torch.cuda.is_available():
+        seconds = cpu_run_estimate(cfg, model, tokenizer, dataset)
+        if seconds > cfg["cpu_max_hours"] * 3600:
+            raise ValueError(f"CPU_MAX_HOURS={cfg['cpu_max_hours']:g}: this run would take about {seconds / 3600:.1f} h "
+                             "on this CPU; lower MAX_STEPS, BATCH or MAX_COMPLETION_LENGTH, use a GPU, or raise "
+                             "CPU_MAX_HOURS")
     os.makedirs(run_dir, exist_ok=True)
     if main:
         write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg)
-    model = training_policy(cfg["model"], args, cfg["backend"], "bfloat16" if args.bf16 else "float32")
     trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
                            processing_class=tokenizer,
                            callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
@@ -328,7 +337,6 @@ def main(argv=None) -> int:
         return 0
     if main_process:
         print(f"memory plan: {json.dumps(cfg['memory_plan'])}", flush=True)
-    check_runnable(cfg, cuda)
     # this process starts the run's processes, unless it is one of them (or accelerate started it)
     if command is not None and not launched and "LOCAL_RANK" not in os.environ:
         return launch_processes(cfg)

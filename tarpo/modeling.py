@@ -21,11 +21,34 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_tokenizer(name_or_path: str):
+    """The tokenizer, padding on the left; one without a pad token pads with its EOS token (padding is
+    masked everywhere, so the choice never reaches a loss)."""
     tok = AutoTokenizer.from_pretrained(name_or_path)
     tok.padding_side = "left"
     if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise ValueError(f"{name_or_path}: the tokenizer has neither a pad nor an EOS token")
         tok.pad_token = tok.eos_token
     return tok
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """The ids that end a completion, in training and evaluation alike: the tokenizer's EOS and every
+    EOS of the model's ``generation_config.json`` and ``config.json``. Instruct models often disagree
+    (Qwen2.5: ``<|im_end|>`` in the tokenizer, ``<|endoftext|>`` in config.json, both in the generation
+    config); ``generate()`` stops on the generation config's, TRL's GRPOTrainer on those plus the
+    tokenizer's, and a row that wrote any of them has ended.
+
+    >>> from types import SimpleNamespace as NS
+    >>> model = NS(generation_config=NS(eos_token_id=[7, 3]), config=NS(eos_token_id=3))
+    >>> stop_token_ids(model, NS(eos_token_id=5))
+    [5, 7, 3]
+    """
+    ids = [tokenizer.eos_token_id]
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        ids += [eos] if isinstance(eos, int) else list(eos or [])
+    return list(dict.fromkeys(i for i in ids if i is not None))
 
 
 def load_base_model(name_or_path: str, dtype: str = "bfloat16", device=None):

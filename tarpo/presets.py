@@ -136,7 +136,7 @@ VARIABLES = {
 SETTINGS = {
     "MODEL": str, "ALGO": str, "DATA_PATH": str, "OUT_DIR": str, "RUN_NAME": str, "TRAIN_LIMIT": int,
     "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool, "BACKEND": str,
-    "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str, "MICRO_BATCH": int,
+    "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str, "MICRO_BATCH": int, "CPU_MAX_HOURS": float,
 }
 
 
@@ -221,6 +221,8 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
     if micro is not None and (batch // processes) % micro:
         raise ValueError(f"MICRO_BATCH={micro}: must divide the completions each process trains per step, "
                          f"BATCH/NUM_PROCESSES = {batch}/{processes} = {batch // processes}")
+    if s.get("CPU_MAX_HOURS", 1.0) <= 0:
+        raise ValueError(f"CPU_MAX_HOURS={s['CPU_MAX_HOURS']}: must be > 0 (hours)")
     model = preset["hub_id"] if preset else model_key
     short = model_key.lower() if preset else os.path.basename(os.path.normpath(model_key))
     b0 = trainer["action_bias"]
@@ -237,5 +239,6 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo]["eval_mode"],
         "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),
         "dry_run": s.get("DRY_RUN", False), "backend": s.get("BACKEND", "auto"),
-        "num_processes": processes, "accelerate_config": accelerate_config, "trainer": trainer,
+        "num_processes": processes, "accelerate_config": accelerate_config,
+        "cpu_max_hours": s.get("CPU_MAX_HOURS", 12.0), "trainer": trainer,
     }

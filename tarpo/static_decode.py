@@ -44,6 +44,7 @@ size, routing), and the tag tables are kept per tokenizer.
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 
@@ -59,6 +60,10 @@ from .sampling import (STREAM_GAUSSIAN, STREAM_ROUTE, STREAM_TOKEN, filter_logit
 
 CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
+# What torch.compile lowers the traced step with: inductor (the default), or a backend named by the environment
+# variable TARPO_COMPILE_BACKEND, e.g. "aot_eager": the same fullgraph trace and functionalisation, run without
+# code generation (no C++/Triton build). The test suite runs most compiled rollouts that way (tests/conftest.py).
+COMPILE_BACKEND_VARIABLE = "TARPO_COMPILE_BACKEND"
 
 
 @dataclass(frozen=True)
@@ -210,19 +215,24 @@ class grouped_decode_attention_on:
         self.config._attn_implementation = self.was
 
 
-_COMPILED: dict[str, object] = {}
+_COMPILED: dict[tuple[str, str], object] = {}
+
+
+def compile_backend() -> str:
+    """The backend the step is compiled with: $TARPO_COMPILE_BACKEND, else inductor."""
+    return os.environ.get(COMPILE_BACKEND_VARIABLE) or "inductor"
 
 
 def compiled_step(device: torch.device):
-    """``decode_step`` under ``torch.compile(fullgraph=True)`` (inductor); on CUDA the loop
-    replays it as a captured graph (:class:`GraphedStep`)."""
-    key = torch.device(device).type
+    """``decode_step`` under ``torch.compile(fullgraph=True)`` (inductor, or :func:`compile_backend`);
+    on CUDA the loop replays it as a captured graph (:class:`GraphedStep`)."""
+    key = (torch.device(device).type, compile_backend())
     if key not in _COMPILED:
         # One graph per setting and shape; past dynamo's default of 8 recompiles a function would
         # quietly run eagerly: allow more, and fail loudly instead.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         torch._dynamo.config.fail_on_recompile_limit_hit = True
-        _COMPILED[key] = torch.compile(decode_step, fullgraph=True, dynamic=False)
+        _COMPILED[key] = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=key[1])
     return _COMPILED[key]
 
 

@@ -35,7 +35,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import fields
+import time
+from dataclasses import fields, replace
 
 import torch
 from peft import LoraConfig, PeftModel
@@ -48,11 +49,13 @@ from . import checkpoints
 from .backbone import Backbone, unwrap
 from .hooks import make_backbone
 from .config import TarpoConfig
+from .engine_choice import RunEngine, decoder_layers
+from .files import write_json_atomic
 from .distributed import check_not_sharded, forward_through, rollout_seed, same_on_every_rank
 from .latent import GaussianSoftTokens, HrpoGate
-from .modeling import lora_config, new_router
+from .modeling import lora_config, new_router, stop_token_ids
 from .objective import group_advantages, tarpo_loss
-from .rollout import Rollout, RolloutSpec, hybrid_generate
+from .rollout import Rollout, RolloutSpec, decodes_on_its_own_path, hybrid_generate
 from .router import Router
 from .scoring import StepScores, score_rollout
 from .patches.trl_guard import check_overrides, pristine_grpo_trainer
@@ -123,6 +126,8 @@ class TarpoTrainer(GRPOTrainer):
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          processing_class=processing_class, peft_config=peft_config, **kwargs)
         peft_model = self.accelerator.unwrap_model(self.model)
+        self.eos_token_ids = stop_token_ids(peft_model, self.processing_class)  # as evaluation stops (modeling.py)
+        self.engine = RunEngine(self.args.rollout_engine, decoder_layers(peft_model))  # ENGINE=auto by cost
         if "ref" in getattr(peft_model, "peft_config", {}):
             # TRL copies a passed-in adapter as "ref"; docs/algorithm.md §2's reference is the adapter disabled.
             peft_model.delete_adapter("ref")
@@ -209,6 +214,18 @@ class TarpoTrainer(GRPOTrainer):
         return self.optimizer
 
     # ------------------------------------------------------------------ generation
+    def _engine_decided(self, seconds: float, decode_steps: int) -> None:
+        """ENGINE=auto on the CPU, after the first (eager, timed) rollout: pick the engine of the others,
+        say which and why, and keep it in ``<output_dir>/rollout_engine.json`` (tarpo/engine_choice.py)."""
+        steps_ahead = max(0, self.state.max_steps - self.state.global_step - 1) * max(
+            1, self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+            // max(1, self.args.generation_batch_size // self.accelerator.num_processes)) * decode_steps
+        decision = self.engine.observed(seconds, decode_steps, steps_ahead)
+        if decision is not None and self.accelerator.is_main_process:
+            logger.warning("rollout engine: %s (ENGINE=auto; %s)", decision["engine"], decision["why"])
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            write_json_atomic(os.path.join(self.args.output_dir, "rollout_engine.json"), decision)
+
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
         device = self.accelerator.device
@@ -222,10 +239,13 @@ class TarpoTrainer(GRPOTrainer):
         # Keyed noise: global row ids (this rank's share of the batch) and a seed every rank shares, so
         # a row draws the same on any number of processes, with either engine, after a resume.
         rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
+        backbone, started = make_backbone(model), time.perf_counter()
+        spec = replace(spec, engine=self.engine.next(device.type == "cuda", decodes_on_its_own_path(backbone)))
         with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            rollout = hybrid_generate(make_backbone(model), self.router, prompt_ids, prompt_mask, spec, self.piece,
+            rollout = hybrid_generate(backbone, self.router, prompt_ids, prompt_mask, spec, self.piece,
                                       self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,
                                       noise_seed=self._next_rollout_seed(), row_ids=rows)
+        self._engine_decided(time.perf_counter() - started, rollout.token_ids.shape[1])
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)

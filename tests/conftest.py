@@ -14,7 +14,47 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from tarpo.router import Router  # noqa: E402
 from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 
-torch.set_num_threads(2)
+# pytest-xdist's workers share the cores (scripts/test.sh runs one per core)
+torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
+
+def pytest_itemcollected(item):
+    """A test module's ``INDUCTOR_IDS`` (parameter ids) marks those of its parametrised tests ``inductor``."""
+    ids = getattr(getattr(item, "module", None), "INDUCTOR_IDS", ())
+    if getattr(item, "callspec", None) is not None and f"{item.originalname}[{item.callspec.id}]" in ids:
+        item.add_marker(pytest.mark.inductor)
+
+
+# pytest-xdist (scripts/test.sh): a test module runs in one worker, which builds its module-scoped fixtures
+# once, except these, whose tests are independent and long (compiles), and go one by one to any worker;
+# the modules that start processes on gloo (accelerate's default port) run in one worker, in turn.
+SPREAD = {"test_static_decode.py", "test_baselines.py", "test_trainer.py", "test_rollout.py", "test_microbatch.py"}
+GLOO = {"test_ddp.py", "test_eval_parallel.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            name = os.path.basename(path)
+            return "gloo" if name in GLOO else nodeid if name in SPREAD else path
+
+    return Scheduling(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _compile_backend(request, monkeypatch):
+    """The compiled engine is traced by dynamo with ``fullgraph=True`` in every test, so a graph break
+    or a recompile fails wherever it happens; inductor's C++ code generation (about a minute a graph
+    on a cold cache) runs only in the tests marked ``inductor``, which compare it with the eager
+    engine. The others lower the same traced graph with ``aot_eager`` (tarpo/static_decode.py)."""
+    from tarpo.static_decode import COMPILE_BACKEND_VARIABLE
+    if request.node.get_closest_marker("inductor") is None:
+        monkeypatch.setenv(COMPILE_BACKEND_VARIABLE, "aot_eager")
+    else:
+        monkeypatch.delenv(COMPILE_BACKEND_VARIABLE, raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -69,3 +69,12 @@ def stand_in_unsloth_decode(model, monkeypatch):
     monkeypatch.setattr(UnslothBackbone, "inference_mode", lambda self: contextlib.nullcontext())
     monkeypatch.setattr(base, BACKEND_MARKER, "unsloth", raising=False)
     return final_norm(model).register_forward_hook(lambda m, a, out: setattr(base, "_tarpo_hidden", out))
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now: for ``accelerate launch --main_process_port``, so that runs on gloo
+    started by tests in parallel (pytest-xdist) never meet on accelerate's default port 29500."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from helpers import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -26,7 +27,8 @@ def run(script, out, *args, processes=1):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true",
            "PYTHONPATH": os.path.dirname(HERE)}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-              str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+              str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(free_port())]
     cmd = [*(launch if processes > 1 else [sys.executable]), os.path.join(HERE, script), str(out), *args]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from helpers import free_port
 from tarpo.cli import main as cli
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
@@ -29,7 +30,8 @@ def eval_args(tiny, out, *extra, limit=6):
 def launch(args, processes=2):
     """``tarpo <args>`` in ``processes`` processes through ``accelerate launch`` on the CPU."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "tarpo.cli", *args]
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(free_port()), "-m", "tarpo.cli", *args]
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)

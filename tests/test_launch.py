@@ -20,7 +20,7 @@ needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
 def launch(script, timeout=120, **env):
     clean = {k: v for k, v in os.environ.items()
              if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN", "NUM_PROCESSES", "ACCELERATE_CONFIG",
-                          "ACCELERATE_USE_CPU", "MICRO_BATCH")}
+                          "ACCELERATE_USE_CPU", "MICRO_BATCH", "CPU_MAX_HOURS")}
     return subprocess.run(["bash", os.path.join(ROOT, script)], capture_output=True, text=True, timeout=timeout,
                           env={**clean, "HF_HUB_OFFLINE": "1", **env})
 
@@ -237,12 +237,67 @@ def test_the_main_process_is_rank_0(monkeypatch):
     assert process_rank() == 0
 
 
-def test_hub_model_without_cuda_points_to_the_demo():
+def test_hub_model_that_cannot_load_without_cuda_points_to_the_demo_and_writes_nothing(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    res = launch("run_gsm8k.sh")
-    assert res.returncode != 0 and "run_demo.sh" in res.stderr and "No CUDA" in res.stderr
+    res = launch("run_gsm8k.sh", MODEL="nobody-has/this-model", OUT_DIR=str(tmp_path / "runs"))
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "MODEL=nobody-has/this-model: cannot be loaded" in res.stderr and "run_demo.sh" in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def big_model_folder(path):
+    """A random Llama of 106M parameters (most of them in a 64,000-token embedding and head, so that it
+    trains fast) whose tokenizer has no pad token, and whose EOS differs between the tokenizer
+    (<|im_end|>), config.json (<|endoftext|>) and generation_config.json (both)."""
+    from transformers import GenerationConfig
+    tok = char_tokenizer()
+    tok.pad_token = None
+    model = tiny_causal_lm(tok, "llama", hidden_size=768, layers=2, heads=12, kv_heads=4, intermediate_size=1024,
+                           vocab_size=64000)
+    model.config.eos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    model.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id, model.config.eos_token_id])
+    assert sum(p.numel() for p in model.parameters()) > 100_000_000
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@needs_data
+def test_a_local_model_above_100m_parameters_trains_on_cpu_after_printing_an_estimate(tmp_path):
+    import torch
+    from transformers import AutoTokenizer
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    folder = big_model_folder(tmp_path / "big")
+    assert AutoTokenizer.from_pretrained(folder).pad_token is None
+    res = launch("run_gsm8k.sh", timeout=900, MODEL=folder, DATA_PATH=os.path.join(DATA, "gsm8k"),
+                 OUT_DIR=str(tmp_path / "runs"), TRAIN_LIMIT="4", MAX_STEPS="2", BATCH="4", GROUP_SIZE="2",
+                 MAX_PROMPT_LENGTH="400", MAX_COMPLETION_LENGTH="8", LORA_R="4", LORA_ALPHA="8")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    out = res.stdout
+    estimate = re.search(r"CPU estimate: (\d+) s a step \(4 completions of up to 8 tokens.*2 steps: (\d+) s", out)
+    assert estimate and out.index("CPU estimate") < out.index("adapter and router saved"), out[-2000:]
+    assert 0 < int(estimate[1]) <= int(estimate[2])
+    (run,) = (tmp_path / "runs").iterdir()
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "loss" in s] == [1, 2]
+    assert (run / "adapter" / "router.safetensors").exists()
+
+
+def test_a_cpu_run_longer_than_cpu_max_hours_is_refused_before_anything_is_written(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(50)))
+    res = launch("run_gsm8k.sh", MODEL=tiny_model_folder(tmp_path / "tiny"), DATA_PATH=str(data),
+                 OUT_DIR=str(tmp_path / "runs"), BATCH="8", GROUP_SIZE="4", MAX_STEPS="100000", CPU_MAX_HOURS="0.001")
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "CPU estimate:" in res.stdout and "100000 steps" in res.stdout
+    assert "CPU_MAX_HOURS=0.001: this run would take about" in res.stderr and "raise CPU_MAX_HOURS" in res.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 class SoftSpans(HTMLParser):

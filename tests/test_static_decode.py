@@ -80,6 +80,12 @@ ROUTINGS = [
 ]
 
 
+# inductor's code for both architectures, with the top-k and the full-vocabulary mixture; every routing
+# is compared under aot_eager, the same traced graph run without code generation (tests/conftest.py)
+INDUCTOR_IDS = {f"test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise[{i}]" for i in (
+    "qwen2-learned-default", "llama-learned-default", "llama-hrpo-default")}
+
+
 @pytest.mark.parametrize("routing,kw", ROUTINGS, ids=[f"{r}-{'-'.join(k) or 'default'}" for r, k in ROUTINGS])
 def test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise(model, tokenizer, routing, kw):
     backbone, router, latent, eager, compiled = run_both(model, tokenizer, routing, **kw)
@@ -107,6 +113,7 @@ def test_training_forward_rebuilds_the_compiled_rollout(model, tokenizer, routin
                                    atol=1e-4, rtol=0)
 
 
+@pytest.mark.inductor
 def test_compiled_step_has_no_graph_break_and_is_reused(model, tokenizer):
     torch._dynamo.reset()  # forget graphs compiled by earlier tests, so this one counts its own
     counters.clear()

@@ -216,3 +216,51 @@ def test_a_training_run_compiles_one_decode_graph_whatever_its_prompt_lengths(to
     trainer.train()
     assert sorted(seen) == lengths, "each step should decode another prompt length"
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("eager_step_s, engine", [(1e-4, "eager"), (10.0, "compiled")])
+def test_engine_auto_on_the_cpu_times_the_first_rollout_then_picks_by_cost(tokenizer, tmp_path, monkeypatch,
+                                                                           eager_step_s, engine):
+    """ENGINE=auto on the CPU: the first rollout runs eagerly and is timed; the others use the engine
+    whose cost the remaining decode steps repay (tarpo/engine_choice.py), written down with why."""
+    import json
+
+    from tarpo import engine_choice
+    from tarpo import trainer as trainer_module
+    from tarpo.tiny import tiny_causal_lm
+
+    args = make_args(tmp_path, rollout_engine="auto", max_steps=3, max_completion_length=8)
+    trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, "qwen2", seed=0), reward_funcs=letter_reward, args=args,
+                           train_dataset=make_dataset(), processing_class=tokenizer)
+    engines, original = [], trainer_module.hybrid_generate
+
+    def recording(backbone, router, prompt_ids, prompt_mask, spec, *args, **kwargs):
+        engines.append(spec.engine)
+        return original(backbone, router, prompt_ids, prompt_mask, spec, *args, **kwargs)
+    monkeypatch.setattr(trainer_module, "hybrid_generate", recording)
+    from types import SimpleNamespace
+    clock = iter(range(0, 10**6))  # each rollout takes 8 * eager_step_s seconds
+    monkeypatch.setattr(trainer_module, "time", SimpleNamespace(perf_counter=lambda: next(clock) * 8 * eager_step_s))
+    monkeypatch.setattr(engine_choice, "COMPILE_BASE_S", 10.0)
+    monkeypatch.setattr(engine_choice, "COMPILE_PER_LAYER_S", 0.0)
+    trainer.train()
+    assert engines == ["eager", engine, engine]
+    decision = json.loads((tmp_path / "run" / "rollout_engine.json").read_text())
+    assert decision["requested"] == "auto" and decision["engine"] == engine and "decode steps" in decision["why"]
+
+
+def test_engine_choice_on_the_cpu_weighs_the_compile_against_the_decode_time_it_saves():
+    from tarpo.engine_choice import COMPILE_BASE_S, COMPILE_PER_LAYER_S, COMPILED_SPEEDUP, RunEngine, cpu_choice
+
+    compile_s = COMPILE_BASE_S + 4 * COMPILE_PER_LAYER_S
+    breakeven = compile_s / (1 - 1 / COMPILED_SPEEDUP) / 0.01  # decode steps of 10 ms that repay the compile
+    assert cpu_choice(4, int(breakeven * 0.99), 0.01)[0] == "eager"
+    assert cpu_choice(4, int(breakeven * 1.01) + 1, 0.01)[0] == "compiled"
+    chosen = RunEngine("auto", layers=4)
+    assert chosen.next(cuda=True, own_decode_path=False) == "compiled" and chosen.decision["why"] == "CUDA"
+    assert RunEngine("auto", 4).next(cuda=True, own_decode_path=True) == "eager"
+    assert RunEngine("eager", 4).next(cuda=True, own_decode_path=False) == "eager"
+    cpu = RunEngine("auto", 4)
+    assert cpu.next(cuda=False, own_decode_path=False) == "eager" and cpu.decision is None
+    assert cpu.observed(seconds=1.0, decode_steps=100, steps_ahead=10**7)["engine"] == "compiled"
+    assert cpu.next(cuda=False, own_decode_path=False) == "compiled"
