@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 
 SEED=${SEED:-0}                      # seed of RL and evaluation
 WARM_SEED=${WARM_SEED:-0}            # seed of the warm start (cached; shared by all SEEDs)
-SFT_STEPS=${SFT_STEPS:-1500}         # supervised warm-start steps (cached in CACHE_DIR)
+SFT_STEPS=${SFT_STEPS:-800}          # supervised warm-start steps (cached in CACHE_DIR)
 SFT_NOISE=${SFT_NOISE:-0.4}          # chance that a demonstrated step is off by one
 STEPS=${STEPS:-150}                  # RL steps for each of GRPO and TARPO
 GROUP_SIZE=${GROUP_SIZE:-8}          # completions per prompt (G)

@@ -177,7 +177,7 @@ def parse_args(argv=None):
     ap.add_argument("--cache-dir", default=os.path.join("runs", "cache"), help="where the warm start is kept")
     ap.add_argument("--seed", type=int, default=0, help="seed of RL and evaluation")
     ap.add_argument("--warm-seed", type=int, default=0, help="seed of the warm start (shared across --seed runs)")
-    ap.add_argument("--sft-steps", type=int, default=1500, help="supervised warm-start steps")
+    ap.add_argument("--sft-steps", type=int, default=800, help="supervised warm-start steps")
     ap.add_argument("--sft-noise", type=float, default=0.4, help="chance a demonstrated step is off by one")
     ap.add_argument("--steps", type=int, default=150, help="RL steps per algorithm")
     ap.add_argument("--group-size", type=int, default=8)
