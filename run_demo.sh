@@ -9,9 +9,10 @@ cd "$(dirname "$0")"
 
 SEED=${SEED:-0}                      # seed of RL and evaluation
 WARM_SEED=${WARM_SEED:-0}            # seed of the warm start (cached; shared by all SEEDs)
-SFT_STEPS=${SFT_STEPS:-800}          # supervised warm-start steps (cached in CACHE_DIR)
+SFT_STEPS=${SFT_STEPS:-1500}         # supervised warm-start steps (cached in CACHE_DIR)
+SFT_BATCH=${SFT_BATCH:-32}           # demonstrations per warm-start step
 SFT_NOISE=${SFT_NOISE:-0.4}          # chance that a demonstrated step is off by one
-STEPS=${STEPS:-150}                  # RL steps for each of GRPO and TARPO
+STEPS=${STEPS:-100}                  # RL steps for each of GRPO and TARPO
 GROUP_SIZE=${GROUP_SIZE:-8}          # completions per prompt (G)
 BATCH=${BATCH:-64}                   # completions per RL step (8 prompts x G)
 LR=${LR:-1e-3}                       # LoRA learning rate
@@ -30,7 +31,7 @@ OUT=${OUT:-runs/demo-$(date +%Y%m%d-%H%M%S)-seed$SEED}
 bash scripts/setup_env.sh run   # the demo needs no test tools
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m tarpo.demo --out "$OUT" --cache-dir "$CACHE_DIR" --seed "$SEED" --warm-seed "$WARM_SEED" \
-  --sft-steps "$SFT_STEPS" --sft-noise "$SFT_NOISE" --steps "$STEPS" --group-size "$GROUP_SIZE" \
+  --sft-steps "$SFT_STEPS" --sft-batch "$SFT_BATCH" --sft-noise "$SFT_NOISE" --steps "$STEPS" --group-size "$GROUP_SIZE" \
   --batch "$BATCH" --lr "$LR" --router-lr "$ROUTER_LR" --lr-schedule "$LR_SCHEDULE" --temperature "$TEMPERATURE" \
   --max-new-tokens "$MAX_NEW_TOKENS" --eval-questions "$EVAL_QUESTIONS" --eval-n "$EVAL_N" --algos "$ALGOS" \
   --engine "$ENGINE" --workers "$WORKERS"

@@ -177,9 +177,10 @@ def parse_args(argv=None):
     ap.add_argument("--cache-dir", default=os.path.join("runs", "cache"), help="where the warm start is kept")
     ap.add_argument("--seed", type=int, default=0, help="seed of RL and evaluation")
     ap.add_argument("--warm-seed", type=int, default=0, help="seed of the warm start (shared across --seed runs)")
-    ap.add_argument("--sft-steps", type=int, default=800, help="supervised warm-start steps")
+    ap.add_argument("--sft-steps", type=int, default=1500, help="supervised warm-start steps")
+    ap.add_argument("--sft-batch", type=int, default=32, help="demonstrations per warm-start step")
     ap.add_argument("--sft-noise", type=float, default=0.4, help="chance a demonstrated step is off by one")
-    ap.add_argument("--steps", type=int, default=150, help="RL steps per algorithm")
+    ap.add_argument("--steps", type=int, default=100, help="RL steps per algorithm")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--batch", type=int, default=64, help="completions per RL step")
     ap.add_argument("--lr", type=float, default=1e-3, help="LoRA learning rate")
@@ -220,7 +221,7 @@ def main(argv=None) -> str:
         json.dump(vars(args), f, indent=2)
     started = time.time()
     torch.set_num_threads(cores)
-    base = warm_start(args.cache_dir, args.sft_steps, args.warm_seed, args.sft_noise)
+    base = warm_start(args.cache_dir, args.sft_steps, args.warm_seed, args.sft_noise, batch_size=args.sft_batch)
     names = [*algos, "cot"]  # the long runs first; CoT's evaluation goes to the first free worker
     if workers == 1:
         results = {name: run_system(name, base, args) for name in names}

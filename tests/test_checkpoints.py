@@ -84,7 +84,7 @@ def assert_finished_cleanly(step, run_dir):
     assert step["status"] == "exit 0", step["output"][-3000:]
     leftovers = sorted({k.split("/")[0] for k in step["tree"]} - {"adapter", "launch_config.json", "metrics.jsonl",
                                                                   "README.md", "checkpoint-1", "checkpoint-2",
-                                                                  "checkpoint-3"})
+                                                                  "checkpoint-3", "rollout_engine.json"})
     assert not leftovers, f"left in the run folder: {leftovers}"
     assert train_steps(run_dir) == [1, 2, 3]  # one record per step: the rolled-back ones are gone
 

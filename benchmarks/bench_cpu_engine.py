@@ -1,0 +1,63 @@
+"""``tarpo eval`` of a deep model on the CPU: the default engine (``--engine auto``) against
+``--engine eager``, side by side, interleaved (a newcomer's laptop run, issue: a 30-layer model's
+compile cost more than the whole evaluation).
+
+A random Llama of 30 layers (a 135M-style depth at a small width) and the char tokenizer are
+saved to a temporary folder; both engines evaluate the same GSM8K questions (a local GSM8K folder
+given as ``--data``, else synthetic questions). Cold compile caches: the script points
+``TORCHINDUCTOR_CACHE_DIR`` at a new temporary folder. The last line is the ratio.
+
+    python benchmarks/bench_cpu_engine.py [--data ../shared/data/gsm8k] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")
+
+from tarpo.cli import main as cli  # noqa: E402
+from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None, help="a local GSM8K folder (else synthetic questions)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=30)
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="bench-cpu-engine-")
+    tok = char_tokenizer()
+    model = tiny_causal_lm(tok, "llama", hidden_size=128, layers=args.layers, heads=4, kv_heads=2)
+    model.save_pretrained(os.path.join(root, "model"))
+    tok.save_pretrained(os.path.join(root, "model"))
+    data = args.data
+    if data is None:
+        data = os.path.join(root, "gsm8k")
+        os.makedirs(data)
+        with open(os.path.join(data, "test.jsonl"), "w") as f:
+            for i in range(8):
+                f.write(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n")
+    times = {"auto": [], "eager": []}
+    for r in range(args.rounds):
+        for engine in ("auto", "eager") if r % 2 == 0 else ("eager", "auto"):
+            out = os.path.join(root, f"{engine}-{r}")
+            start = time.perf_counter()
+            status = cli(["eval", "--model", os.path.join(root, "model"), "--tasks", "gsm8k", "--data-dir",
+                          os.path.dirname(data) if args.data else root, "--limit", "8", "--n", "2", "--mode", "cot",
+                          "--max-new-tokens", "32", "--engine", engine, "--out", out])
+            times[engine].append(time.perf_counter() - start)
+            assert status == 0
+            settings = json.load(open(os.path.join(out, "gsm8k.settings.json")))
+            print(f"round {r} engine={engine}: {times[engine][-1]:.1f} s (settings: engine={settings.get('engine')})")
+    auto, eager = sum(times["auto"]), sum(times["eager"])
+    print(f"{args.layers} layers, {args.rounds} rounds: auto {auto:.1f} s, eager {eager:.1f} s")
+    print(f"auto/eager={auto / eager:.3f}")
+
+
+if __name__ == "__main__":
+    main()
