@@ -7,7 +7,7 @@ saved to a temporary folder; both engines evaluate the same GSM8K questions (a l
 given as ``--data``, else synthetic questions). Cold compile caches: the script points
 ``TORCHINDUCTOR_CACHE_DIR`` at a new temporary folder. The last line is the ratio.
 
-    python benchmarks/bench_cpu_engine.py [--data ../shared/data/gsm8k] [--rounds 2]
+    python benchmarks/bench_cpu_engine.py [--data ../shared/data/gsm8k] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None, help="a local GSM8K folder (else synthetic questions)")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--layers", type=int, default=30)
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="bench-cpu-engine-")
@@ -42,16 +42,20 @@ def main() -> None:
         with open(os.path.join(data, "test.jsonl"), "w") as f:
             for i in range(8):
                 f.write(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n")
+    def evaluate(engine, out):
+        start = time.perf_counter()
+        status = cli(["eval", "--model", os.path.join(root, "model"), "--tasks", "gsm8k", "--data-dir",
+                      os.path.dirname(data) if args.data else root, "--limit", "8", "--n", "2", "--mode", "cot",
+                      "--max-new-tokens", "32", "--engine", engine, "--out", out])
+        assert status == 0
+        return time.perf_counter() - start
+
+    evaluate("eager", os.path.join(root, "warm-up"))  # imports and first calls, timed for neither
     times = {"auto": [], "eager": []}
     for r in range(args.rounds):
         for engine in ("auto", "eager") if r % 2 == 0 else ("eager", "auto"):
             out = os.path.join(root, f"{engine}-{r}")
-            start = time.perf_counter()
-            status = cli(["eval", "--model", os.path.join(root, "model"), "--tasks", "gsm8k", "--data-dir",
-                          os.path.dirname(data) if args.data else root, "--limit", "8", "--n", "2", "--mode", "cot",
-                          "--max-new-tokens", "32", "--engine", engine, "--out", out])
-            times[engine].append(time.perf_counter() - start)
-            assert status == 0
+            times[engine].append(evaluate(engine, out))
             settings = json.load(open(os.path.join(out, "gsm8k.settings.json")))
             print(f"round {r} engine={engine}: {times[engine][-1]:.1f} s (settings: engine={settings.get('engine')})")
     auto, eager = sum(times["auto"]), sum(times["eager"])

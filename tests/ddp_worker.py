@@ -92,6 +92,10 @@ def main():
                            processing_class=tok)
     trainer.add_callback(SaveTrainable(trainer, args.out))
     trainer.train()
+    # leave together: a rank that exits while the other still talks to it aborts ("terminate called without an
+    # active exception"), which a loaded machine (pytest-xdist's other worker) makes likely
+    trainer.accelerator.wait_for_everyone()
+    torch.distributed.destroy_process_group()
     return 0
 
 
