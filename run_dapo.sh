@@ -1,60 +1,15 @@
 #!/usr/bin/env bash
-# TARPO (or a baseline, ALGO) on DAPO-Math-17k with one GPU (NUM_PROCESSES=N: N GPUs), then optionally the paper's evaluation
-# (out of domain: GPQA-Diamond, ARC-Challenge, HumanEval). Edit the variables below or set
-# them in the environment:   BETA=0.01 bash run_dapo.sh    MODEL=qwen2.5-7b ALGO=hrpo bash run_dapo.sh
-# An empty value means the paper's value for DAPO-Math-17k and MODEL (docs/algorithm.md §5; the values live in
-# tarpo/presets.py). DRY_RUN=1 prints the resolved configuration (its last line is one JSON
-# object) and exits.
+# TARPO (or a baseline, ALGO) on DAPO-Math-17k with one GPU (NUM_PROCESSES=N: N GPUs), then optionally the paper's
+# evaluation (out of domain: GPQA-Diamond, ARC-Challenge, HumanEval).
+# Set any launcher variable below or in the environment:   BETA=0.01 bash run_dapo.sh
+# Every variable, what it means and its default are listed in scripts/launch.sh (shared by the three
+# launchers); an empty value means the paper's value for DAPO-Math-17k and MODEL. DRY_RUN=1 prints the resolved
+# configuration (its last line is one JSON object) and exits.
 set -euo pipefail
 set -a
-MODEL=${MODEL:-qwen2.5-3b}         # qwen2.5-1.5b | qwen2.5-3b | qwen2.5-7b | llama3.1-8b | hub id | local folder
-ALGO=${ALGO:-tarpo}                # tarpo | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens
-DATA_PATH=${DATA_PATH:-}           # local training data (file or folder); empty: the hub
-OUT_DIR=${OUT_DIR:-runs}           # the run folder is OUT_DIR/<name encoding the key settings>
-SEED=${SEED:-}
-GROUP_SIZE=${GROUP_SIZE:-}         # G
-BATCH=${BATCH:-}                   # completions per optimizer step (all processes together)
-MICRO_BATCH=${MICRO_BATCH:-}       # completions per forward/backward (a divisor of BATCH/NUM_PROCESSES); empty: the
-                                   # largest that the memory plan fits on the GPU (docs/memory-plan.md)
-LR=${LR:-}                         # LoRA learning rate
-ROUTER_LR=${ROUTER_LR:-}
-HRPO_LR=${HRPO_LR:-}               # ALGO=hrpo: learning rate of the gate's W_r, W_i (HRPO's: 1e-4)
-HRPO_LAMBDA_LR=${HRPO_LAMBDA_LR:-} # ALGO=hrpo: learning rate of its Lambda (HRPO's: 1e-3)
-HRPO_MIXTURE=${HRPO_MIXTURE:-}     # ALGO=hrpo: full (HRPO's (p.E)/|p|, default) | top_k (top-k mixture scaled to |E(v)|)
-BETA=${BETA:-}                     # token KL weight
-ALPHA=${ALPHA:-}                   # action KL weight
-LAMBDA=${LAMBDA:-}                 # router policy-gradient weight
-ACTION_BIAS=${ACTION_BIAS:-}       # router bias b0, e.g. 2.2,0
-ACTION_TEMPERATURE=${ACTION_TEMPERATURE:-}
-TEMPERATURE=${TEMPERATURE:-}       # sampling temperature
-TOP_K=${TOP_K:-}                   # token filter, 0 = off (default; the authors' generate() used 50)
-TOP_P=${TOP_P:-}                   # token filter, 1 = off (default)
-SOFT_TOP_K=${SOFT_TOP_K:-}
-ENTROPY_THRESHOLD=${ENTROPY_THRESHOLD:-}  # ALGO=grpo_entropy
-ENTROPY_TEMPERATURE=${ENTROPY_TEMPERATURE:-}  # ALGO=grpo_entropy: entropy of softmax(z/this); default 1
-NOISE_SCALE=${NOISE_SCALE:-}       # ALGO=soft_tokens: noise std / rms(E)
-LORA_R=${LORA_R:-}
-LORA_ALPHA=${LORA_ALPHA:-}
-LORA_TARGETS=${LORA_TARGETS:-}     # paper (q,k,v,o; default) | all-linear (+ gate,up,down: the released scripts) | names
-MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-}
-MAX_COMPLETION_LENGTH=${MAX_COMPLETION_LENGTH:-}
-WEIGHT_DECAY=${WEIGHT_DECAY:-}
-MAX_GRAD_NORM=${MAX_GRAD_NORM:-}
-WARMUP=${WARMUP:-}                 # warm-up: a fraction of the steps if < 1
-LR_SCHEDULE=${LR_SCHEDULE:-}
-EPOCHS=${EPOCHS:-}
-MAX_STEPS=${MAX_STEPS:-}           # > 0 overrides EPOCHS
-TRAIN_LIMIT=${TRAIN_LIMIT:-}       # first N training questions (quick trials)
-EVAL=${EVAL:-0}                    # 1: evaluate the trained system after training
-EVAL_N=${EVAL_N:-}                 # samples per question (paper: 32)
-EVAL_LIMIT=${EVAL_LIMIT:-}         # first N questions per benchmark
-EVAL_DATA_DIR=${EVAL_DATA_DIR:-}   # local benchmark folders (<task>/); empty: the hub
-DRY_RUN=${DRY_RUN:-0}
-ENGINE=${ENGINE:-}                 # rollout engine: auto (compiled on hf, eager = Unsloth's decode path on unsloth) | eager | compiled
-BACKEND=${BACKEND:-auto}           # auto: Unsloth (tarpo.patches) on CUDA with the gpu extra; hf: transformers + PEFT
-NUM_PROCESSES=${NUM_PROCESSES:-}   # > 1: that many processes (one per GPU) under accelerate launch; empty: 1,
-                                   # or ACCELERATE_CONFIG's num_processes
-ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-}  # accelerate config file (FSDP, DeepSpeed, ...); empty: plain data parallel
-CPU_MAX_HOURS=${CPU_MAX_HOURS:-}     # no CUDA: the run starts after a printed time estimate, refused past this (12 h)
+MODEL=${MODEL:-}   # qwen2.5-1.5b | qwen2.5-3b (default) | qwen2.5-7b | llama3.1-8b | hub id | local folder
+ALGO=${ALGO:-}     # tarpo (default) | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens
+EVAL=${EVAL:-}     # 1: evaluate the trained system after training
+# e.g. BETA=0.01   LR=1e-6   MAX_STEPS=100   (any variable of scripts/launch.sh)
 set +a
 exec bash "$(dirname "$0")/scripts/launch.sh" dapo

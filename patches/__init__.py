@@ -27,7 +27,8 @@ Use: ``tarpo.modeling`` calls :func:`apply` right after ``FastLanguageModel.get_
 from __future__ import annotations
 
 from ..backbone import unwrap
-from .targets import EXPECTED_VERSIONS, PatchError, check, check_source, check_versions  # noqa: F401
+from .targets import check, check_source, check_versions  # noqa: F401
+from .versions import EXPECTED_VERSIONS, PatchError  # noqa: F401
 
 
 BACKEND_MARKER = "_tarpo_backend"

@@ -13,7 +13,7 @@ The patch builds the decode with Unsloth's own factory,
 that runs Unsloth's during which the module's ``scaled_dot_product_attention`` is
 :func:`grouped_sdpa`: for one query position and fewer K/V heads it lays each group's query heads
 along the query axis, ``[B, H, 1, D] -> [B, H_kv, H / H_kv, D]``, and attends to the cache as it is
-(the mask ``[B, 1, 1, L]`` broadcasts), as :func:`tarpo.static_decode.grouped_decode_attention`
+(the mask ``[B, 1, 1, L]`` broadcasts), as :func:`tarpo.grouped_attention.grouped_decode_attention`
 does for transformers; any other call goes to torch's function unchanged. :func:`check_target`
 verifies, from the installed source, that the target still makes that call.
 """
@@ -26,6 +26,8 @@ import inspect
 import textwrap
 
 import torch
+
+from .versions import EXPECTED_VERSIONS, PatchError
 
 TARGET = "LlamaAttention_fast_forward_inference"
 
@@ -83,8 +85,6 @@ def decode_function():
 def check_target(source: str) -> None:
     """The target calls ``scaled_dot_product_attention(..., attn_mask=..., enable_gqa=True)`` by the
     module's name (what :func:`grouped_attention` swaps); else :class:`PatchError` naming it."""
-    from .targets import EXPECTED_VERSIONS, PatchError
-
     tree = ast.parse(textwrap.dedent(source))
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == "scaled_dot_product_attention"]

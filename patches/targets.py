@@ -15,12 +15,7 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 
 from . import grouped_decode
-
-EXPECTED_VERSIONS = {"unsloth": "2026.10.7", "unsloth_zoo": "2026.10.7"}
-
-
-class PatchError(RuntimeError):
-    pass
+from .versions import EXPECTED_VERSIONS, PatchError
 
 
 # (file under the unsloth package, dotted path of the function inside that file, its parameters)

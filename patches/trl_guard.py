@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 
-from .targets import PatchError
+from .versions import PatchError
 
 PROTECTED = ("_generate_and_score_completions", "_compute_loss", "compute_loss", "create_optimizer",
              "_save_checkpoint", "_load_from_checkpoint")

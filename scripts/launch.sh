@@ -1,10 +1,69 @@
 #!/usr/bin/env bash
-# The common tail of run_gsm8k.sh / run_math.sh / run_dapo.sh: run tarpo.launch for the
-# data set given as $1 with the variables the launcher exported. The Python is $PYTHON,
-# else the project's .venv (made by scripts/setup_env.sh), else `python`. With NUM_PROCESSES > 1
-# or an ACCELERATE_CONFIG, tarpo.launch checks the settings here, then starts training (and
-# EVAL=1's evaluation) through `$PYTHON -m accelerate.commands.launch`; DRY_RUN=1 shows the command.
+# The one body of run_gsm8k.sh / run_math.sh / run_dapo.sh: every launcher variable, then tarpo.launch for
+# the data set given as $1. A launcher (or the environment) sets any of these variables; an empty value
+# means the paper's value for the data set and MODEL (docs/algorithm.md §5; the values live in
+# tarpo/presets.py and TarpoConfig). DRY_RUN=1 prints the resolved configuration (its last line is one
+# JSON object) and exits. The Python is $PYTHON, else the project's .venv (made by scripts/setup_env.sh),
+# else `python`. With NUM_PROCESSES > 1 or an ACCELERATE_CONFIG, tarpo.launch checks the settings here,
+# then starts training (and EVAL=1's evaluation) through `$PYTHON -m accelerate.commands.launch`;
+# DRY_RUN=1 shows the command.
 set -euo pipefail
+set -a
+MODEL=${MODEL:-}                   # qwen2.5-1.5b | qwen2.5-3b (default) | qwen2.5-7b | llama3.1-8b | hub id | local folder
+ALGO=${ALGO:-}                     # tarpo (default) | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens
+DATA_PATH=${DATA_PATH:-}           # local training data (file or folder); empty: the hub
+OUT_DIR=${OUT_DIR:-}               # the run folder is OUT_DIR/<name encoding the key settings>; default runs
+RUN_NAME=${RUN_NAME:-}             # the run folder's name instead of the one encoding the key settings
+SEED=${SEED:-}
+GROUP_SIZE=${GROUP_SIZE:-}         # G
+BATCH=${BATCH:-}                   # completions per optimizer step (all processes together)
+MICRO_BATCH=${MICRO_BATCH:-}       # completions per forward/backward (a divisor of BATCH/NUM_PROCESSES); empty: the
+                                   # largest that the memory plan fits on the GPU (docs/memory-plan.md)
+LR=${LR:-}                         # LoRA learning rate
+ROUTER_LR=${ROUTER_LR:-}
+HRPO_LR=${HRPO_LR:-}               # ALGO=hrpo: learning rate of the gate's W_r, W_i (HRPO's: 1e-4)
+HRPO_LAMBDA_LR=${HRPO_LAMBDA_LR:-} # ALGO=hrpo: learning rate of its Lambda (HRPO's: 1e-3)
+HRPO_MIXTURE=${HRPO_MIXTURE:-}     # ALGO=hrpo: full (HRPO's (p.E)/|p|, default) | top_k (top-k mixture scaled to |E(v)|)
+BETA=${BETA:-}                     # token KL weight
+ALPHA=${ALPHA:-}                   # action KL weight
+LAMBDA=${LAMBDA:-}                 # router policy-gradient weight
+ACTION_BIAS=${ACTION_BIAS:-}       # router bias b0, e.g. 2.2,0
+ACTION_TEMPERATURE=${ACTION_TEMPERATURE:-}
+TEMPERATURE=${TEMPERATURE:-}       # sampling temperature
+TOP_K=${TOP_K:-}                   # token filter, 0 = off (default; the authors' generate() used 50)
+TOP_P=${TOP_P:-}                   # token filter, 1 = off (default)
+SOFT_TOP_K=${SOFT_TOP_K:-}
+ENTROPY_THRESHOLD=${ENTROPY_THRESHOLD:-}  # ALGO=grpo_entropy
+ENTROPY_TEMPERATURE=${ENTROPY_TEMPERATURE:-}  # ALGO=grpo_entropy: entropy of softmax(z/this); default 1
+NOISE_SCALE=${NOISE_SCALE:-}       # ALGO=soft_tokens: noise std / rms(E)
+LORA_R=${LORA_R:-}
+LORA_ALPHA=${LORA_ALPHA:-}
+LORA_TARGETS=${LORA_TARGETS:-}     # paper (q,k,v,o; default) | all-linear (+ gate,up,down: the released scripts) | names
+MAX_PROMPT_LENGTH=${MAX_PROMPT_LENGTH:-}
+MAX_COMPLETION_LENGTH=${MAX_COMPLETION_LENGTH:-}
+WEIGHT_DECAY=${WEIGHT_DECAY:-}
+MAX_GRAD_NORM=${MAX_GRAD_NORM:-}
+WARMUP=${WARMUP:-}                 # warm-up: a fraction of the steps if < 1
+LR_SCHEDULE=${LR_SCHEDULE:-}
+EPOCHS=${EPOCHS:-}
+MAX_STEPS=${MAX_STEPS:-}           # > 0 overrides EPOCHS
+SAVE_STEPS=${SAVE_STEPS:-}         # a checkpoint every N optimizer steps (default 100)
+OPTIM=${OPTIM:-}                   # optimizer (default paged_adamw_8bit; without CUDA or bitsandbytes, TarpoConfig.optim)
+BF16=${BF16:-}                     # 1 (default): bfloat16 weights and compute; 0: float32
+GRAD_CHECKPOINTING=${GRAD_CHECKPOINTING:-}  # 1 (default): recompute activations in the backward pass
+TRAIN_LIMIT=${TRAIN_LIMIT:-}       # first N training questions (quick trials)
+EVAL=${EVAL:-}                     # 1: evaluate the trained system after training
+EVAL_N=${EVAL_N:-}                 # samples per question (paper: 32)
+EVAL_LIMIT=${EVAL_LIMIT:-}         # first N questions per benchmark
+EVAL_DATA_DIR=${EVAL_DATA_DIR:-}   # local benchmark folders (<task>/); empty: the hub
+DRY_RUN=${DRY_RUN:-}               # 1: print the resolved configuration and exit
+ENGINE=${ENGINE:-}                 # rollout engine: auto (compiled on hf, eager = Unsloth's decode path on unsloth) | eager | compiled
+BACKEND=${BACKEND:-}               # auto (default): Unsloth (tarpo.patches) on CUDA with the gpu extra; hf: transformers + PEFT
+NUM_PROCESSES=${NUM_PROCESSES:-}   # > 1: that many processes (one per GPU) under accelerate launch; empty: 1,
+                                   # or ACCELERATE_CONFIG's num_processes
+ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-}  # accelerate config file (FSDP, DeepSpeed, ...); empty: plain data parallel
+CPU_MAX_HOURS=${CPU_MAX_HOURS:-}     # no CUDA: the run starts after a printed time estimate, refused past this (12 h)
+set +a
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python; fi

@@ -17,7 +17,9 @@ import os
 
 import torch
 
-from .evaluation import MODES, sample
+from .config import add_flags
+from .evaluation import sample
+from .routing import MODES
 from .files import write_text_atomic
 from .graders import grade_batch
 from .objective import group_advantages
@@ -74,8 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="local data root holding <task>/")
     p.add_argument("--ids", required=True, help="comma-separated question ids")
     p.add_argument("--n", type=int, default=8, help="samples per question (one group)")
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--soft-top-k", type=int, default=30)
+    add_flags(p, ("temperature", "soft_top_k"))  # defaults and help: TarpoConfig's
     p.add_argument("--max-new-tokens", type=int, help="default: the task's evaluation length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="HTML file to write")

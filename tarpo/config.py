@@ -8,18 +8,16 @@ them per model and data set.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 
 import torch
 from trl import GRPOConfig
 
 from .latent import HRPO_MIXTURES
+from .routing import GAUSSIAN, ROUTINGS
 
-ROUTING_MODES = ("learned", "hard", "soft", "entropy", "hrpo", "soft_tokens")
-LATENT_ROUTINGS = ("hrpo", "soft_tokens")  # baselines whose soft steps are not a plain mixture (docs/algorithm.md §3)
 TOKEN_KL_MODES = ("k3", "full")
 ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.rollout, tarpo.static_decode)
-HARD, SOFT = 0, 1  # router action indices (docs/algorithm.md §1: index 0 = hard, 1 = soft)
 
 
 def resolve_optimizer(name: str) -> str:
@@ -148,12 +146,8 @@ class TarpoConfig(GRPOConfig):
     # ---- routing (docs/algorithm.md §1, §2 ablations, §3) ----
     routing: str = field(
         default="learned",
-        metadata={"help": "Thinking-phase input rule. 'learned': the router samples hard/soft (TARPO); "
-                  "'hard': always the sampled token (GRPO, CoT); 'soft': always the top-k mixture "
-                  "(Pure Latent); 'entropy': soft iff token entropy > entropy_threshold (Entropy "
-                  "Routing); 'hrpo': HRPO's gated blend of E(v_t) and the mixture at every thinking step; "
-                  "'soft_tokens': the full mixture plus Gaussian noise at every thinking step (Soft Tokens). "
-                  "docs/algorithm.md §2-3."})
+        metadata={"help": "Thinking-phase input rule (tarpo.routing.ROUTINGS, docs/algorithm.md §2-3). "
+                  + "; ".join(f"'{r.name}': {r.help}" for r in ROUTINGS.values()) + "."})
     entropy_threshold: float = field(
         default=0.5, metadata={"help": "Entropy (nats, of softmax(z/entropy_temperature)) above which 'entropy' "
                                        "routing goes soft. Paper: 0.5 (Sec. 4.1 baselines, Sec. 4.3 ablation)."})
@@ -265,8 +259,8 @@ class TarpoConfig(GRPOConfig):
             bad("lora_r" if self.lora_r < 1 else "lora_alpha", "must be >= 1" if self.lora_r < 1 else "must be > 0")
         if not self.lora_target_modules:
             bad("lora_target_modules", "must name at least one module")
-        if self.routing not in ROUTING_MODES:
-            bad("routing", f"must be one of {ROUTING_MODES}")
+        if self.routing not in ROUTINGS:
+            bad("routing", f"must be one of {', '.join(ROUTINGS)}")
         if self.token_kl not in TOKEN_KL_MODES:
             bad("token_kl", f"must be one of {TOKEN_KL_MODES}")
         if not isinstance(self.soft_top_k, int) or self.soft_top_k < 1:
@@ -297,7 +291,7 @@ class TarpoConfig(GRPOConfig):
             bad("hrpo_c", "must be > 0")
         if self.soft_tokens_noise_scale <= 0:
             bad("soft_tokens_noise_scale", "must be > 0")
-        if self.routing == "soft_tokens" and self.num_iterations > 1:
+        if ROUTINGS[self.routing].soft_input == GAUSSIAN and self.num_iterations > 1:
             bad("num_iterations", "Soft Tokens' Gaussian term is on-policy only (one gradient step per batch)")
         if self.hrpo_mixture not in HRPO_MIXTURES:
             bad("hrpo_mixture", f"must be one of {HRPO_MIXTURES}")
@@ -306,3 +300,24 @@ class TarpoConfig(GRPOConfig):
         for name, (value, why) in PINNED.items():
             if getattr(self, name) != value:
                 bad(name, f"TarpoTrainer runs only {value!r}: {why}")
+
+
+def default(name: str):
+    """The default of the TarpoConfig field ``name``: the one place each default is written. The
+    rollout settings (:class:`tarpo.rollout.RolloutSpec`), the launchers (:mod:`tarpo.presets`) and
+    the flags of ``tarpo eval`` / ``tarpo case`` read it here.
+
+        >>> default("soft_top_k"), default("action_bias")
+        (30, [4.6, 0.0])
+    """
+    f = TarpoConfig.__dataclass_fields__[name]
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def add_flags(parser, names, **helps) -> None:
+    """``--name-with-dashes`` flags for TarpoConfig fields: the field's type, default and help
+    (``helps[name]`` replaces a help)."""
+    for name in names:
+        value = default(name)
+        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value,
+                            help=helps.get(name) or TarpoConfig.__dataclass_fields__[name].metadata.get("help"))

@@ -32,12 +32,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
 from .callbacks import JsonlLogger, ProgressBar
-from .config import TarpoConfig
+from .config import TarpoConfig, default
 from .evaluation import sample, score_records, summarize
 from .graders import reward_function
 from .modeling import load_trained
 from .plot import plot_runs
 from .rollout import RolloutSpec
+from .routing import ALGOS, MODES
 from .synthetic import completion_text, make_split, noisy_demonstration
 from .tasks import load_task, messages
 from .tiny import bpe_tokenizer, tiny_causal_lm
@@ -120,7 +121,7 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base)
     config = TarpoConfig(
-        output_dir=out_dir, routing="hard" if algo == "grpo" else "learned", seed=args.seed, data_seed=args.seed,
+        output_dir=out_dir, routing=ALGOS[algo].name, seed=args.seed, data_seed=args.seed,
         max_steps=args.steps, per_device_train_batch_size=args.batch, num_generations=args.group_size,
         learning_rate=args.lr, router_lr=args.router_lr, action_bias=[2.2, 0.0], temperature=args.temperature,
         max_prompt_length=256, max_completion_length=args.max_new_tokens, lora_r=16, lora_alpha=32,
@@ -147,13 +148,14 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
 # ---------------------------------------------------------------- evaluation and report
 def evaluate_system(name: str, base: str, adapter: str | None, args) -> dict:
     model, router, tokenizer = load_trained(base, adapter, dtype="float32")
-    router = router if name == "tarpo" else None  # GRPO's saved router was never trained: route hard
+    mode = ALGOS[name].eval_mode if name in ALGOS else "cot"
+    router = router if MODES[mode].rule.router else None  # GRPO's saved router was never trained: route hard
     model.eval()
     examples = list(load_task("arith", split="test"))[: args.eval_questions]
     spec = RolloutSpec(max_new_tokens=args.max_new_tokens, temperature=args.temperature, routing="hard")
     torch.manual_seed(args.seed)
     with tqdm(total=len(examples) * args.eval_n, desc=f"eval {name}", mininterval=5) as bar:
-        records = sample(model, router, tokenizer, examples, args.eval_n, spec, mode="tarpo" if router else "cot",
+        records = sample(model, router, tokenizer, examples, args.eval_n, spec, mode=mode,
                          max_prompt_length=256, batch_size=128, progress=bar)
     records = score_records(records, examples)
     with open(os.path.join(args.out, f"eval_{name}.jsonl"), "w") as f:
@@ -188,8 +190,8 @@ def parse_args(argv=None):
     ap.add_argument("--lr-schedule", default="constant_with_warmup",
                     help="LR schedule after 10%% warm-up (paper: cosine; the short demo keeps the LR constant)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--temperature", type=float, default=0.5,
-                    help="sampling temperature for training and evaluation (paper: 0.5; see docs)")
+    ap.add_argument("--temperature", type=float, default=default("temperature"),
+                    help="sampling temperature for training and evaluation (default: TarpoConfig's, the paper's)")
     ap.add_argument("--eval-questions", type=int, default=300)
     ap.add_argument("--eval-n", type=int, default=8, help="samples per test question (k of pass@k)")
     ap.add_argument("--algos", default="grpo,tarpo", help="RL systems to train and evaluate besides CoT")
@@ -213,6 +215,9 @@ def main(argv=None) -> str:
     args = parse_args(argv)
     cores = os.cpu_count() or 1
     algos = [a for a in args.algos.split(",") if a]
+    for a in algos:
+        if a not in ALGOS or ALGOS[a].gate:
+            raise ValueError(f"--algos {a!r}: the demo trains {', '.join(x for x in ALGOS if not ALGOS[x].gate)}")
     workers = max(1, min(args.workers or cores, cores, len(algos) + 1))
     args.threads = max(1, cores // workers)
     args.out = args.out or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))

@@ -2,7 +2,7 @@
 
     tarpo eval --model Qwen/Qwen2.5-3B-Instruct --adapter runs/math/adapter --mode tarpo \\
         --tasks math,amc23,olympiadbench --system TARPO --out runs/math/eval
-    python -m tarpo.eval --model ./tiny --tasks gsm8k --data-dir ./data --limit 20 --n 4 --out ev
+    python -m tarpo.cli eval --model ./tiny --tasks gsm8k --data-dir ./data --limit 20 --n 4 --out ev
 
 For each task it writes, in ``--out``: ``<task>.jsonl`` (one trajectory per line: question
 id, sample index, text, text with soft steps marked, placeholder tokens, actions, router
@@ -13,13 +13,9 @@ Running the same command again continues where it stopped; changed settings refu
 mix with an old file unless ``--restart``. For ``math`` the MATH-500 subset is reported
 from the same run when the MATH-500 ids can be loaded.
 
-Modes (docs/algorithm.md §3/§7): ``cot`` hard inputs; ``pure_latent`` soft at every thinking step;
-``entropy`` soft iff the entropy of softmax(z / ``--entropy-temperature``, default 1) exceeds
-``--entropy-threshold``; ``tarpo`` the trained router decides; ``hard`` a trained model forced
-to hard inputs; ``hrpo`` an HRPO-trained gate blends every thinking input; ``greedy`` one argmax
-sample with hard inputs; ``tarpo_greedy`` one argmax sample routed by the router's argmax (Table 3's
-Greedy column for TARPO). Sampling defaults: temperature 0.5, router sampling, soft top-k 30, lengths
-per task from docs/algorithm.md §5.
+Modes (docs/algorithm.md §3/§7): the table :data:`tarpo.routing.MODES` (``--help`` lists them).
+Sampling defaults: TarpoConfig's (``--help`` prints them), router sampling, lengths per task from
+docs/algorithm.md §5.
 
 Data parallel: ``accelerate launch --multi_gpu --num_processes N -m tarpo.cli eval ...`` (or
 ``torchrun``; on CPUs add ``ACCELERATE_USE_CPU=true``) deals the chunks still to do to N processes;
@@ -32,7 +28,6 @@ import argparse
 import dataclasses
 import hashlib
 import os
-import sys
 import tempfile
 import time
 from datetime import datetime, timedelta, timezone
@@ -41,7 +36,8 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from .evaluation import GREEDY_MODES, MODES, ROUTER_MODES, sample, score_records, summarize
+from .evaluation import sample, score_records, summarize
+from .config import add_flags
 from .distributed import cpu_requested
 from .files import write_json_atomic
 from .graders import canonical_answers, grader_versions
@@ -51,12 +47,15 @@ from .patches.targets import installed_version
 from .prompts import prompt_ids
 from .router import ROUTER_WEIGHTS
 from .rollout import RolloutSpec, engine_for_backend
+from .routing import ENTROPY, MODES
 from .tasks import TASKS, load_task
 from .trajectories import TrajectoryFile
 
-SYSTEM_NAMES = {"cot": "CoT", "pure_latent": "Pure Latent", "entropy": "Entropy-Routed", "tarpo": "TARPO",
-                "hard": "TARPO (hard inputs)", "hrpo": "HRPO", "greedy": "Greedy", "tarpo_greedy": "TARPO"}
 PACKAGES = ("tarpo", "torch", "transformers", "peft", "trl", "math-verify")
+
+# the sampling settings of tarpo eval: flags of the TarpoConfig fields of the same names
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "action_temperature", "soft_top_k", "entropy_threshold",
+                  "entropy_temperature")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,21 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="local data root holding one <task>/ folder per task (e.g. ./data/gsm8k/test.jsonl); default: the hub")
     p.add_argument("--limit", type=int, help="first N questions of each task")
     p.add_argument("--out", required=True, help="output folder (trajectories, settings, results)")
-    p.add_argument("--mode", default="tarpo", choices=list(MODES), help="inference mode (default tarpo)")
+    p.add_argument("--mode", default="tarpo", choices=list(MODES),
+                   help="inference mode (default tarpo): " + "; ".join(f"{m.name}: {m.help}" for m in MODES.values()))
     p.add_argument("--system", help="row label in tables (default from the mode, e.g. TARPO, CoT)")
     p.add_argument("--model-name", help="model label in tables (default: last part of --model)")
     p.add_argument("--n", type=int, help="samples per question (default 32; greedy: 1)")
     p.add_argument("--k", help="comma-separated k for pass@k and maj@k (default 1 and n)")
-    p.add_argument("--temperature", type=float, default=0.5, help="sampling temperature T_s")
-    p.add_argument("--top-k", type=int, default=0, help="top-k filter of the token policy (0: off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="top-p filter of the token policy (1: off)")
-    p.add_argument("--action-temperature", type=float, default=1.0, help="router temperature tau_a")
-    p.add_argument("--soft-top-k", type=int, default=30, help="k of the soft mixture")
+    add_flags(p, SAMPLING_FLAGS)  # defaults and help: TarpoConfig's
     p.add_argument("--router-argmax", action="store_true", help="route by argmax instead of sampling")
-    p.add_argument("--entropy-threshold", type=float, default=0.5, help="mode entropy: soft iff entropy > this")
-    p.add_argument("--entropy-temperature", type=float, default=1.0,
-                   help="mode entropy: the entropy is that of softmax(z / this); 1 (default): the model's own "
-                        "token distribution")
     p.add_argument("--max-prompt-length", type=int, help="default per task (docs/algorithm.md §5)")
     p.add_argument("--max-new-tokens", type=int, help="default per task (docs/algorithm.md §5)")
     p.add_argument("--seed", type=int, default=0)
@@ -108,10 +100,11 @@ def check_system(adapter: str | None, mode: str) -> None:
     """The adapter folder holds what the inference mode needs (checked before loading)."""
     if adapter is not None and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
         raise ValueError(f"--adapter {adapter}: no adapter_config.json there (not a saved adapter)")
-    if mode in ROUTER_MODES and not (adapter and os.path.isfile(os.path.join(adapter, ROUTER_WEIGHTS))):
+    rule = MODES[mode].rule
+    if rule.router and not (adapter and os.path.isfile(os.path.join(adapter, ROUTER_WEIGHTS))):
         raise ValueError(f"--mode {mode} needs a trained router: --adapter must hold {ROUTER_WEIGHTS}")
-    if mode == "hrpo" and not (adapter and os.path.isfile(os.path.join(adapter, HRPO_WEIGHTS))):
-        raise ValueError(f"--mode hrpo needs a trained HRPO gate: --adapter must hold {HRPO_WEIGHTS}")
+    if rule.gate and not (adapter and os.path.isfile(os.path.join(adapter, HRPO_WEIGHTS))):
+        raise ValueError(f"--mode {mode} needs a trained HRPO gate: --adapter must hold {HRPO_WEIGHTS}")
 
 
 def check_arguments(args) -> None:
@@ -122,12 +115,12 @@ def check_arguments(args) -> None:
         raise ValueError(f"--tasks: unknown task {', '.join(unknown) or '(none)'}; known tasks: {', '.join(TASKS)}")
     args.task_list = tasks
     if args.n is None:
-        args.n = 1 if args.mode in GREEDY_MODES else 32
+        args.n = 1 if MODES[args.mode].greedy else 32
     if args.n < 1:
         raise ValueError(f"--n {args.n}: need at least one sample per question")
-    if args.mode in GREEDY_MODES and args.n != 1:
+    if MODES[args.mode].greedy and args.n != 1:
         raise ValueError(f"--n {args.n}: mode {args.mode} takes one argmax sample per question (use --n 1)")
-    if args.mode == "tarpo_greedy":
+    if MODES[args.mode].greedy and MODES[args.mode].rule.router:
         args.router_argmax = True
     args.ks = _ks(args)
     check_system(args.adapter, args.mode)
@@ -150,7 +143,7 @@ def task_settings(args, task: str) -> dict:
         "action_temperature": args.action_temperature, "soft_top_k": args.soft_top_k,
         "router": "argmax" if args.router_argmax else "sample", "entropy_threshold": args.entropy_threshold,
         # only mode entropy reads it (None elsewhere, so files written before it existed still resume)
-        "entropy_temperature": args.entropy_temperature if args.mode == "entropy" else None,
+        "entropy_temperature": args.entropy_temperature if MODES[args.mode].rule.soft_when == ENTROPY else None,
         "max_prompt_length": args.max_prompt_length or prompt_len, "max_new_tokens": args.max_new_tokens or new_tokens,
         "seed": args.seed, "limit": args.limit, "data": args.data_dir and os.path.join(args.data_dir, task),
         "grader": args.grader or TASKS[task].grader, "dtype": args.dtype,
@@ -191,8 +184,9 @@ def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "a
     model.eval()
     if router is not None and action_temperature is not None:
         router.temperature = action_temperature
-    gate = load_gate(adapter, device) if mode == "hrpo" else None
-    return model, (router if mode in ROUTER_MODES else None), gate, tokenizer, device
+    rule = MODES[mode].rule
+    gate = load_gate(adapter, device) if rule.gate else None
+    return model, (router if rule.router else None), gate, tokenizer, device
 
 
 def processes() -> tuple[int, int, torch.device | None]:
@@ -304,7 +298,7 @@ def task_results(args, task: str, traj: TrajectoryFile, device, rate: float, wor
                 subsets["math500"] = {**summarize([records[j] for j in keep], args.ks, [canonical[j] for j in keep]),
                                       "ids_from": where}
     return {
-        "task": task, "system": args.system or SYSTEM_NAMES[args.mode],
+        "task": task, "system": args.system or MODES[args.mode].system,
         "model_name": args.model_name or os.path.basename(os.path.normpath(args.model)),
         "model": args.model, "adapter": args.adapter, "mode": args.mode, "n": args.n, "seed": args.seed,
         "metrics": metrics, "subsets": subsets, "settings": s, "grader": grader_versions(s["grader"]),
@@ -375,12 +369,3 @@ def run(args) -> int:
     if rank == 0:
         print(f"results in {os.path.abspath(args.out)}")
     return 0
-
-
-def main(argv=None) -> int:
-    from .cli import main as cli_main
-    return cli_main(["eval", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,20 +24,16 @@ from .graders import grade_batch
 from .metrics import majority_vote, mean_pass_at_k, mean_sd_ci
 from .modeling import stop_token_ids
 from .rollout import RolloutSpec, hybrid_generate
+from .routing import inference_mode
 from .tagging import token_piece_fn
 from .prompts import encode_prompts
 
-MODES = {"cot": "hard", "hard": "hard", "pure_latent": "soft", "entropy": "entropy", "tarpo": "learned",
-         "hrpo": "hrpo", "greedy": "hard", "tarpo_greedy": "learned"}
-GREEDY_MODES = ("greedy", "tarpo_greedy")  # one deterministic sample per question
-ROUTER_MODES = ("tarpo", "tarpo_greedy")   # need the trained router
-
-
-def spec_for_mode(mode: str, spec: RolloutSpec) -> RolloutSpec:
-    if mode not in MODES:
-        raise ValueError(f"unknown inference mode {mode!r}; known: {', '.join(MODES)}")
-    greedy = mode in GREEDY_MODES
-    return replace(spec, routing=MODES[mode], greedy=greedy, router_greedy=spec.router_greedy or mode == "tarpo_greedy")
+def spec_for_mode(name: str, spec: RolloutSpec) -> RolloutSpec:
+    """``spec`` under the inference mode ``name`` (:data:`tarpo.routing.MODES`): its routing rule; a
+    greedy mode takes argmax tokens, and argmax routing where the router decides."""
+    m = inference_mode(name)
+    return replace(spec, routing=m.routing, greedy=m.greedy,
+                   router_greedy=spec.router_greedy or (m.greedy and m.rule.router))
 
 
 @torch.no_grad()
@@ -47,10 +43,11 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
     """``n`` samples for each example (:func:`trajectory_fields` plus question id and sample
     index); ``generator`` (optional) drives all sampling, else torch's global RNG.
     ``soft_detail`` > 0 adds each soft step's top mixture entries (``soft_top``)."""
-    if mode in ROUTER_MODES and router is None:
+    rule = inference_mode(mode).rule
+    if rule.router and router is None:
         raise ValueError(f"mode {mode!r} needs a trained router")
-    if mode == "hrpo" and gate is None:
-        raise ValueError("mode 'hrpo' needs a trained HRPO gate")
+    if rule.gate and gate is None:
+        raise ValueError(f"mode {mode!r} needs a trained HRPO gate")
     spec = spec_for_mode(mode, spec)
     backbone = make_backbone(model)
     device = next(model.parameters()).device

@@ -126,12 +126,17 @@ class GaussianSoftTokens:
         the product runs in ``E``'s dtype, so no fp32 copy of ``E`` is made)."""
         return (torch.softmax(scaled_logits.float(), dim=-1).to(embedding.dtype) @ embedding).float()
 
-    def sample(self, scaled_logits, embedding, generator=None, noise=None) -> torch.Tensor:
-        """``mean + sigma * noise``; ``noise``: pre-drawn standard normals, else drawn from ``generator``."""
-        mu = self.mean(scaled_logits, embedding)
-        if noise is None:
-            noise = torch.randn(mu.shape, device=mu.device, generator=generator, dtype=torch.float32)
-        return mu + self.sigma * noise
+    @classmethod
+    def input(cls, scaled_logits, embedding, sigma: float, noise: torch.Tensor) -> torch.Tensor:
+        """``u_t = mean + sigma * noise`` for pre-drawn standard normals ``noise`` [..., d] (what the
+        decode step, :mod:`tarpo.step`, feeds and records)."""
+        return cls.mean(scaled_logits, embedding) + sigma * noise
+
+    def sample(self, scaled_logits, embedding, generator=None) -> torch.Tensor:
+        """:meth:`input` with this ``sigma`` and normals drawn from ``generator``."""
+        shape = (*scaled_logits.shape[:-1], embedding.shape[1])
+        noise = torch.randn(shape, device=scaled_logits.device, generator=generator, dtype=torch.float32)
+        return self.input(scaled_logits, embedding, self.sigma, noise)
 
     def log_likelihood(self, inputs: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         """``log N(inputs; mean, sigma² I)`` per row [..., d] -> [...], constant included."""

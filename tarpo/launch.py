@@ -34,6 +34,7 @@ import tempfile
 from .distributed import cpu_requested
 from .files import write_json_atomic
 from .presets import resolve
+from .routing import ROUTINGS
 
 LAUNCHED = "TARPO_LAUNCHED"  # "1" in the processes that accelerate launch starts for a launcher run
 
@@ -156,11 +157,12 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
                              "hub cache): memory not planned", "micro_batch": micro}
     else:
         backend = resolve_backend(cfg["backend"])
-        full_mix = t["routing"] == "soft_tokens" or (t["routing"] == "hrpo" and t.get("hrpo_mixture") == "full")
+        rule = ROUTINGS[t["routing"]]
+        full_mix = rule.gaussian or (rule.gate and t.get("hrpo_mixture") == "full")
         run = mp.Run(rows=per_process, prompt=t["max_prompt_length"], completion=t["max_completion_length"],
                      engine=engine_for_backend(t.get("rollout_engine", "auto"), backend, "ENGINE", cuda=True),
                      backend=backend,
-                     soft_top_k=t["soft_top_k"], full_mix=full_mix, gate=t["routing"] == "hrpo",
+                     soft_top_k=t["soft_top_k"], full_mix=full_mix, gate=rule.gate,
                      optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),
                      full_kl=t.get("token_kl") == "full", checkpointing=t["gradient_checkpointing"],
                      weight_bytes=2 if t["bf16"] else 4)
@@ -211,7 +213,7 @@ def train(cfg: dict) -> str:
 
     run_dir, main = cfg["run_dir"], process_rank() == 0
     args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
-    adapter, gate = os.path.join(run_dir, "adapter"), args.routing == "hrpo"
+    adapter, gate = os.path.join(run_dir, "adapter"), ROUTINGS[args.routing].gate
     done = finished_step(run_dir, args.max_steps, args.num_train_epochs, gate=gate)
     if done is not None:  # a re-run of a finished run: nothing is loaded, trained or written
         if main:
@@ -340,7 +342,7 @@ def main(argv=None) -> int:
     # this process starts the run's processes, unless it is one of them (or accelerate started it)
     if command is not None and not launched and "LOCAL_RANK" not in os.environ:
         return launch_processes(cfg)
-    if not cuda and "BF16" not in os.environ:
+    if not cuda and not os.environ.get("BF16"):  # unset or empty: not chosen
         cfg["trainer"]["bf16"] = False  # a tiny local model on CPU trains in fp32
     try:
         adapter = train(cfg)

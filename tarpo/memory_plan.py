@@ -134,7 +134,7 @@ def persistent_bytes(s: Shapes, run: Run) -> dict:
 
 
 def records_bytes(s: Shapes, run: Run) -> int:
-    """One copy of a rollout's ``[B, T]`` records (:func:`tarpo.rollout.new_records`)."""
+    """One copy of a rollout's ``[B, T]`` records (:func:`tarpo.records.new_records`)."""
     per_step = RECORD_BYTES + run.soft_top_k * (8 + 4) + (4 * s.hidden if run.full_mix else 0)
     return run.rows * run.completion * per_step
 

@@ -11,12 +11,11 @@ in ``soft_inputs``; Soft Tokens feed the recorded noisy full mixture (``soft_inp
 
 Every top-k mixture, in either rollout engine and in training, is :func:`topk_mixture`: an
 elementwise product summed over k, so a row's mixture is computed alone, the same whatever
-the batch size and whichever other rows are soft. The eager rollout calls
-:func:`build_inputs_embeds` once per decode step with ``[B]``-shaped records (mixing only the
-soft rows), the compiled one mixes every row and picks with ``torch.where``
-(:mod:`tarpo.static_decode`), the trainer calls :func:`build_inputs_embeds` once per batch with
-``[B, T]``-shaped records: the same ids and fp32 weights (or the same recorded fp32 mixtures)
-give the same inputs. Rebuilding a top-k mixture gathers only k rows of ``E`` per soft step; a
+the batch size and whichever other rows are soft, and every soft input is :func:`soft_step_input`
+of ``E(v_t)`` and that mixture. The decode step (:mod:`tarpo.step`, both rollout engines) mixes
+every row and picks with ``torch.where``; the trainer calls :func:`build_inputs_embeds` once per
+batch with ``[B, T]``-shaped records: the same ids and fp32 weights (or the same recorded fp32
+mixtures) give the same inputs. Rebuilding a top-k mixture gathers only k rows of ``E`` per soft step; a
 full-vocabulary mixture is computed once, at sampling time, and recorded (d floats per step).
 """
 
@@ -65,6 +64,16 @@ def normalised_full_mixture(filtered_scores: torch.Tensor, embedding: torch.Tens
     return mixed / p.norm(dim=-1, keepdim=True)
 
 
+def soft_step_input(token_embedding: torch.Tensor, mixture: torch.Tensor, gate=None) -> torch.Tensor:
+    """What a soft step feeds, given ``E(v_t)`` and its fp32 mixture (any leading shape): the
+    mixture, or HRPO's gated blend of the two; in ``E``'s dtype.
+
+        >>> soft_step_input(torch.zeros(1, 2, dtype=torch.bfloat16), torch.tensor([[0.5, 1.5]]))
+        tensor([[0.5000, 1.5000]], dtype=torch.bfloat16)
+    """
+    return (gate(token_embedding, mixture) if gate is not None else mixture).to(token_embedding.dtype)
+
+
 def build_inputs_embeds(
     embedding: torch.Tensor,
     token_ids: torch.Tensor,
@@ -101,7 +110,5 @@ def build_inputs_embeds(
         ids, weights = soft_ids[where], soft_weights[where]
         mixed = torch.cat([topk_mixture(embedding, ids[s:s + chunk_size], weights[s:s + chunk_size])
                            for s in range(0, ids.shape[0], chunk_size)])
-    if gate is not None:
-        mixed = gate(out[where], mixed)
-    out[where] = mixed.to(out.dtype)
+    out[where] = soft_step_input(out[where], mixed, gate)
     return out

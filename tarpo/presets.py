@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+from .routing import ALGOS
+
 # ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
 DATASETS = {
     "gsm8k": dict(task="gsm8k", num_generations=4, per_device_train_batch_size=32,
@@ -57,22 +59,6 @@ MODELS = {
 }
 DEFAULT_MODEL = "qwen2.5-3b"
 
-# ---- docs/algorithm.md §3: every trained system is one routing rule of the same trainer
-# ``trainer``: the algorithm's own settings, as its authors run it (docs/design-notes.md, issue #13)
-ALGOS = {
-    "tarpo": dict(routing="learned", eval_mode="tarpo", system="TARPO"),
-    "grpo": dict(routing="hard", eval_mode="cot", system="GRPO"),
-    "grpo_pure_latent": dict(routing="soft", eval_mode="pure_latent", system="GRPO w/ Pure Latent"),
-    # the paper's threshold 0.5 on the entropy of the model's own (T = 1) token distribution
-    "grpo_entropy": dict(routing="entropy", eval_mode="entropy", system="GRPO w/ Entropy Routing",
-                         trainer=dict(entropy_threshold=0.5, entropy_temperature=1.0)),
-    # HRPO's code: full-vocabulary mixture (p . E) / |p|_2, gate LR 1e-4, Lambda LR 1e-3
-    "hrpo": dict(routing="hrpo", eval_mode="hrpo", system="HRPO",
-                 trainer=dict(hrpo_mixture="full", hrpo_lr=1e-4, hrpo_lambda_lr=1e-3)),
-    # "Soft Tokens, Hard Truths": trained with noisy soft inputs, evaluated with hard inputs
-    "soft_tokens": dict(routing="soft_tokens", eval_mode="hard", system="Soft Tokens"),
-}
-
 # LORA_TARGETS presets: "paper" = Table 6's query, key, value, dense; "all-linear" = the authors' released
 # scripts (TARPO's tarpo_*.py and HRPO's hrpo_*.py), which also adapt the MLP projections
 LORA_TARGET_PRESETS = {
@@ -81,12 +67,22 @@ LORA_TARGET_PRESETS = {
 }
 
 
-# ---- docs/algorithm.md §5 values shared by all runs; a model without a preset gets b0 [4.6, 0] and the Qwen LRs
-COMMON = dict(learning_rate=5e-6, router_lr=1e-4, action_bias=[4.6, 0.0], num_train_epochs=1.0, beta=0.005, alpha_action_kl=1.0, lambda_act=0.1, temperature=0.5,
-              action_temperature=1.0, soft_top_k=30, max_grad_norm=0.1, weight_decay=0.1, adam_beta2=0.99,
-              lr_scheduler_type="cosine", warmup_steps=0.1, lora_r=32, lora_alpha=64,
-              lora_target_modules=list(LORA_TARGET_PRESETS["paper"]), optim="paged_adamw_8bit", bf16=True,
-              gradient_checkpointing=True, seed=0, logging_steps=1, save_steps=100)
+# ---- docs/algorithm.md §5 values shared by all runs: TarpoConfig's defaults (the paper's; a model without a preset
+# gets its b0 and the Qwen LRs), shown in every resolved configuration, and what the launchers set otherwise
+COMMON_FIELDS = ("learning_rate", "router_lr", "action_bias", "num_train_epochs", "beta", "alpha_action_kl",
+                 "lambda_act", "temperature", "action_temperature", "soft_top_k", "max_grad_norm", "weight_decay",
+                 "adam_beta2", "lr_scheduler_type", "warmup_steps", "lora_r", "lora_alpha", "lora_target_modules",
+                 "optim", "gradient_checkpointing", "logging_steps")
+LAUNCHER_SETTINGS = dict(bf16=True, seed=0, save_steps=100)
+
+
+def common(algo: str) -> dict:
+    """The resolved configuration's start: COMMON_FIELDS and the ALGO's routing settings (docs/algorithm.md
+    §3: each as its authors run it, which are TarpoConfig's defaults), then LAUNCHER_SETTINGS."""
+    from .config import default  # imports TRL: only once the settings are being resolved
+
+    names = (*COMMON_FIELDS, *ALGOS[algo].settings)
+    return {**{name: default(name) for name in names}, **LAUNCHER_SETTINGS}
 
 # ---- shell variable -> (TarpoConfig field, parser); every one can be set in the launcher or the environment
 def _floats(s):
@@ -201,9 +197,8 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
     data = DATASETS[dataset]
-    trainer = {**COMMON, **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
-               **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")}, "routing": ALGOS[algo]["routing"],
-               **ALGOS[algo].get("trainer", {})}
+    trainer = {**common(algo), **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
+               **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")}, "routing": ALGOS[algo].name}
     trainer.update({VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES})
     group, batch = trainer["num_generations"], trainer["per_device_train_batch_size"]
     if group < 2:
@@ -232,11 +227,11 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
     out = os.path.join(s.get("OUT_DIR", "runs"), name)
     trainer["output_dir"] = out
     return {
-        "dataset": dataset, "task": data["task"], "algo": algo, "system": ALGOS[algo]["system"],
+        "dataset": dataset, "task": data["task"], "algo": algo, "system": ALGOS[algo].system,
         "model": model, "model_name": os.path.basename(model.rstrip("/")), "run_dir": out,
         "preset": model_key.lower() if preset else None, "micro_batch": micro,
         "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
-        "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo]["eval_mode"],
+        "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo].eval_mode,
         "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),
         "dry_run": s.get("DRY_RUN", False), "backend": s.get("BACKEND", "auto"),
         "num_processes": processes, "accelerate_config": accelerate_config,

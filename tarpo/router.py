@@ -15,16 +15,21 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .config import default
+
 ROUTER_WEIGHTS = "router.safetensors"
 ROUTER_CONFIG = "router_config.json"
 
 
 class Router(nn.Module):
-    def __init__(self, hidden_size: int, bias=(4.6, 0.0), init_std: float = 1e-3, temperature: float = 1.0):
+    def __init__(self, hidden_size: int, bias=None, init_std: float | None = None, temperature: float | None = None):
+        """``bias`` b0 = [hard, soft], ``init_std`` and ``temperature`` tau_a; None: TarpoConfig's
+        ``action_bias``, ``router_init_std``, ``action_temperature``."""
         super().__init__()
         self.proj = nn.Linear(hidden_size, 2, dtype=torch.float32)
-        self.temperature = float(temperature)
-        self.reset(bias, init_std)
+        self.temperature = float(default("action_temperature") if temperature is None else temperature)
+        self.reset(default("action_bias") if bias is None else bias,
+                   default("router_init_std") if init_std is None else init_std)
 
     @torch.no_grad()
     def reset(self, bias, init_std: float) -> None:

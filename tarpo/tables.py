@@ -33,8 +33,8 @@ import os
 
 from . import paper
 
-GREEDY_MODES = ("greedy", "tarpo_greedy")  # = tarpo.evaluation.GREEDY_MODES (that module imports torch)
 from .files import write_text_atomic
+from .routing import MODES
 
 DASH = "–"
 SUBSET_OF = {"math500": "math"}  # a math run reports its MATH-500 subset (tarpo eval)
@@ -50,7 +50,7 @@ def load_results(folder: str) -> dict[tuple[str, str, str, str], dict]:
         with open(path) as f:
             res = json.load(f)
         try:
-            kind = "greedy" if res.get("mode") in GREEDY_MODES else "sampled"
+            kind = "greedy" if res.get("mode") in MODES and MODES[res["mode"]].greedy else "sampled"
             key = (res["system"], res["model_name"], res["task"], kind)
         except KeyError as exc:
             raise ValueError(f"{path}: not a tarpo eval results file (no {exc.args[0]!r})") from None

@@ -28,6 +28,8 @@ hits, as in ``TagTracker``.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 
@@ -102,3 +104,18 @@ def tokenizer_pieces(tokenizer, vocab_size: int | None = None) -> list[str]:
     piece = token_piece_fn(tokenizer)
     n = len(tokenizer)
     return [piece(i) if i < n else "" for i in range(max(n, vocab_size or 0))]
+
+
+_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def tables(piece, tag: str, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`build`'s tables for a piece function (:func:`tarpo.tagging.token_piece_fn`) on
+    ``device``, built once (it decodes every id: a few seconds for a 150k vocabulary) and kept while
+    ``piece`` lives."""
+    per_piece = _TABLES.setdefault(piece, {})
+    key = (tag, vocab, str(device))
+    if key not in per_piece:
+        nxt, hit = build([piece(i) for i in range(vocab)], tag)
+        per_piece[key] = (nxt.to(device), hit.to(device))
+    return per_piece[key]

@@ -16,7 +16,7 @@ What is overridden, and why:
 - ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router
   (``router_lr``) and HRPO's gate (``hrpo_lr``; ``hrpo_lambda_lr`` for its Λ) (the optimizer itself
   is ``args.optim``, see ``TarpoConfig.optim``); under an 8-bit optimizer the router and the gate keep fp32
-  state (:func:`keep_fp32_state`).
+  state (:mod:`tarpo.optimizer`).
 - ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
   frozen reference router, and HRPO's gate) are saved beside the adapter and restored; a
   checkpoint is written whole into a temporary folder and renamed into place, and a full disk
@@ -26,7 +26,7 @@ What is overridden, and why:
 
 The router (and the gate) are registered as submodules of the PEFT model's base model, so
 the Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones.
-The router is trainable only under ``routing="learned"``; the baselines of docs/algorithm.md §3
+The router is trainable only under a rule that routes with it (``learned``, :mod:`tarpo.routing`); the baselines of docs/algorithm.md §3
 (``hard``, ``soft``, ``entropy``, ``hrpo``, ``soft_tokens``) are routings of the same trainer.
 """
 
@@ -55,8 +55,10 @@ from .distributed import check_not_sharded, forward_through, rollout_seed, same_
 from .latent import GaussianSoftTokens, HrpoGate
 from .modeling import lora_config, new_router, stop_token_ids
 from .objective import group_advantages, tarpo_loss
+from .optimizer import keep_fp32_state, parameter_groups
 from .rollout import Rollout, RolloutSpec, decodes_on_its_own_path, hybrid_generate
 from .router import Router
+from .routing import ROUTINGS
 from .scoring import StepScores, score_rollout
 from .patches.trl_guard import check_overrides, pristine_grpo_trainer
 from .prompts import count_too_long, encode_prompts
@@ -70,33 +72,6 @@ _ROLLOUT_KEYS = [
     "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
     "soft_weights", "p_soft", "entropy", "logp", "soft_inputs", "ended_with_eos",
 ]
-
-
-def keep_fp32_state(optimizer, params) -> None:
-    """Give ``params`` 32-bit optimizer state under a bitsandbytes 8-bit optimizer.
-
-    bitsandbytes quantises the Adam moments of every tensor with at least ``min_8bit_size``
-    (4096) elements; a 2-row policy head can be that large (Qwen2.5-3B's router weight is
-    2 x 2048 = 4096, 7B's 2 x 3584) and so is HRPO's gate, and neither should be quantised.
-    bitsandbytes' per-parameter ``override_config`` does it; its manager is process-wide and
-    keyed by ``id(param)``, so entries of an earlier run's freed tensors could land on
-    unrelated new ones: this optimizer gets a manager of its own. Other optimizers are left
-    as they are.
-    """
-    try:
-        from bitsandbytes.optim import GlobalOptimManager
-        from bitsandbytes.optim.optimizer import Optimizer8bit
-    except Exception:  # no (working) bitsandbytes: the optimizer cannot be an 8-bit one
-        return
-    if not isinstance(optimizer, Optimizer8bit) or not params:
-        return
-    if not isinstance(getattr(optimizer, "mng", None), GlobalOptimManager):
-        raise RuntimeError(f"{type(optimizer).__name__} has no bitsandbytes config manager `mng`: cannot keep the "
-                           "router's optimizer state in fp32 (bitsandbytes==0.50.2 expected)")
-    manager = GlobalOptimManager.__new__(GlobalOptimManager)
-    manager.initialize()
-    manager.override_config(params, "optim_bits", 32)
-    optimizer.mng = manager
 
 
 def check_dataset(dataset, name: str = "train_dataset") -> None:
@@ -138,14 +113,15 @@ class TarpoTrainer(GRPOTrainer):
         base.tarpo_router = same_on_every_rank(router.to(self.accelerator.device))
         self.ref_router = router.frozen_copy()
         self.piece = token_piece_fn(self.processing_class)
-        self.use_router = args.routing == "learned"
+        self.rule = ROUTINGS[args.routing]
+        self.use_router = self.rule.router
         router.requires_grad_(self.use_router)  # the baselines never train it
-        if args.routing == "hrpo":  # initialised as HRPO's: N(0, initializer_range) weights, zero biases
+        if self.rule.gate:  # initialised as HRPO's: N(0, initializer_range) weights, zero biases
             base.tarpo_gate = HrpoGate(base.config.hidden_size, c=args.hrpo_c, seed=args.seed,
                                        init_std=getattr(base.config, "initializer_range", 0.02),
                                        mixture=args.hrpo_mixture).to(self.accelerator.device)
         self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
-                      if args.routing == "soft_tokens" else None)
+                      if self.rule.gaussian else None)
         self._seed_step, self._seed_index = None, 0
         check_not_sharded(self.accelerator)
         check_overrides(self, TarpoTrainer)
@@ -193,34 +169,20 @@ class TarpoTrainer(GRPOTrainer):
         opt_model = self.model if model is None else model
         args = self.args
         cls, kwargs = self.get_optimizer_cls_and_kwargs(args, opt_model)
-        router_ids = {id(p) for p in self.router.parameters()}
-        gate_ids = {id(p) for p in self.gate.parameters()} if self.gate is not None else set()
-        lam_ids = {id(self.gate.lam)} if self.gate is not None else set()
-        trainable = [p for p in opt_model.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in trainable if id(p) not in router_ids | gate_ids], "weight_decay": args.weight_decay},
-            # The router's bias is the soft-rate prior b0; weight decay would erode it.
-            {"params": [p for p in trainable if id(p) in router_ids], "lr": args.router_lr, "weight_decay": 0.0},
-            # HRPO's gate as HRPO's optimizer groups it: W_r, W_i at hrpo_lr and Lambda at hrpo_lambda_lr, both with
-            # the weight decay
-            {"params": [p for p in trainable if id(p) in gate_ids - lam_ids], "lr": args.hrpo_lr,
-             "weight_decay": args.weight_decay},
-            {"params": [p for p in trainable if id(p) in lam_ids], "lr": args.hrpo_lambda_lr,
-             "weight_decay": args.weight_decay},
-        ]
-        groups = [g for g in groups if g["params"]]
+        groups = parameter_groups(opt_model, self.router, self.gate, args)
         self.optimizer = cls(groups, **kwargs)
-        keep_fp32_state(self.optimizer, [p for p in trainable if id(p) in router_ids | gate_ids])
+        heads = [*self.router.parameters(), *(self.gate.parameters() if self.gate is not None else ())]
+        keep_fp32_state(self.optimizer, [p for p in heads if p.requires_grad])
         return self.optimizer
 
     # ------------------------------------------------------------------ generation
     def _engine_decided(self, seconds: float, decode_steps: int) -> None:
         """ENGINE=auto on the CPU, after the first (eager, timed) rollout: pick the engine of the others,
         say which and why, and keep it in ``<output_dir>/rollout_engine.json`` (tarpo/engine_choice.py)."""
-        steps_ahead = max(0, self.state.max_steps - self.state.global_step - 1) * max(
-            1, self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
-            // max(1, self.args.generation_batch_size // self.accelerator.num_processes)) * decode_steps
-        decision = self.engine.observed(seconds, decode_steps, steps_ahead)
+        args, steps_left = self.args, max(0, self.state.max_steps - self.state.global_step - 1)
+        per_rollout = max(1, args.generation_batch_size // self.accelerator.num_processes)  # completions a rollout
+        rollouts_a_step = max(1, args.per_device_train_batch_size * args.gradient_accumulation_steps // per_rollout)
+        decision = self.engine.observed(seconds, decode_steps, steps_left * rollouts_a_step * decode_steps)
         if decision is not None and self.accelerator.is_main_process:
             logger.warning("rollout engine: %s (ENGINE=auto; %s)", decision["engine"], decision["why"])
             os.makedirs(self.args.output_dir, exist_ok=True)
@@ -320,7 +282,7 @@ class TarpoTrainer(GRPOTrainer):
             is_soft=rollout.is_soft, decided=rollout.decided, lambda_act=args.lambda_act, beta=args.beta,
             alpha=args.alpha_action_kl, use_router=self.use_router, detach_kl_weight=args.detach_kl_weight,
             old_logp_tok=old_tok, old_logp_act=old_act, clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
-            token_loss_on_soft=args.routing == "hrpo", logp_latent=scores.logp_latent,
+            token_loss_on_soft=self.rule.token_fed_when_soft, logp_latent=scores.logp_latent,
         )
         mode = "train" if self.model.training else "eval"
         # Drift between the sampling-time and the training-forward log-probs of the same tokens:

@@ -92,7 +92,7 @@ def tiny(tmp_path_factory):
 def _unsloth_stays_out_of_this_process():
     """Importing Unsloth rebinds transformers' Qwen2/Llama forwards and its checkpoint function for
     the whole process, so every later test would run Unsloth's code: a test that needs Unsloth
-    runs it in a subprocess (tests/backend_worker.py)."""
+    runs it in a subprocess (tests/workers/backend_worker.py)."""
     import sys
     yield
     assert "unsloth" not in sys.modules, "a test imported unsloth into the pytest process; use a subprocess"

@@ -1,9 +1,74 @@
-"""Small test doubles around :class:`tarpo.backbone.Backbone`."""
+"""What several test modules share: where the benchmark files are, the toy reward, data set and trainer
+settings, the tiny saved system's eval command, and small test doubles around :class:`tarpo.backbone.Backbone`."""
 
+import os
+
+import pytest
 import torch
 
 from tarpo.backbone import Backbone
 from tarpo.tagging import token_piece_fn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the real benchmark files (each with a SOURCE.md), beside the checkout; TARPO_DATA_DIR points elsewhere
+DATA = os.environ.get("TARPO_DATA_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+
+def needs(task: str):
+    """Skip unless the benchmark folder ``DATA/<task>`` is there."""
+    return pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, task)),
+                              reason=f"{os.path.join(DATA, task)} is not beside the checkout")
+
+
+needs_data = needs("gsm8k")
+
+# (task, path under DATA, split, rows) of the benchmark files the loaders must read whole
+COUNTS = [
+    ("gsm8k", "gsm8k", "train", 7473), ("gsm8k", "gsm8k", "test", 1319),
+    ("gsm8k", "gsm8k/soft_thinking_gsm8k.jsonl", None, 1319),
+    ("math", "math", "train", 7500), ("math", "math", "test", 5000),
+    ("math500", "math500", "test", 500), ("math500", "math500/soft_thinking_math500.jsonl", None, 500),
+    ("amc23", "amc23", "test", 40), ("amc23", "amc23/soft_thinking_amc23.jsonl", None, 40),
+    ("aime24", "aime24", "test", 30), ("aime25", "aime25/soft_thinking_aime2025.jsonl", None, 30),
+    ("olympiadbench", "olympiadbench", "test", 675),
+    ("arc_challenge", "arc_challenge", "test", 1172), ("humaneval", "humaneval", "test", 164),
+]
+
+# the tiny Qwen2 shape of the subprocess workers' runs (tests/workers/backend_worker.py)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=512, max_position_embeddings=2048, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def letter_reward(prompts, completions, **kwargs):
+    """A dense toy reward with spread inside every group: share of vowels."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
+
+
+def make_dataset(n=8):
+    import datasets
+
+    return datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"question {i}?"}], "answer": str(i)} for i in range(n)])
+
+
+def make_args(tmp_path, **overrides):
+    """A TarpoConfig for a few quick CPU steps of a tiny model; ``overrides`` replace any field."""
+    from tarpo.config import TarpoConfig
+
+    kw = dict(output_dir=str(tmp_path / "run"), bf16=False, per_device_train_batch_size=4, num_generations=4,
+              max_completion_length=12, max_steps=3, logging_steps=1, report_to="none",
+              gradient_checkpointing=False, save_strategy="no", learning_rate=1e-2, router_lr=1e-1,
+              action_bias=[0.5, 0.0], lora_r=4, lora_alpha=8, beta=0.05, seed=0, data_seed=0)
+    kw.update(overrides)
+    return TarpoConfig(**kw)
+
+
+def eval_args(tiny, out, *extra):
+    """``tarpo eval`` of the tiny saved system (the ``tiny`` fixture) on 20 real GSM8K questions."""
+    model, adapter = tiny
+    return ["eval", "--model", model, "--adapter", adapter, "--tasks", "gsm8k", "--data-dir", DATA,
+            "--limit", "20", "--n", "4", "--max-new-tokens", "12", "--batch-size", "8", "--out", str(out), *extra]
 
 
 class BiasedBackbone(Backbone):

@@ -1,4 +1,4 @@
-"""The GPU equivalence check's worker and comparison (tests/backend_worker.py), on CPU: two
+"""The GPU equivalence check's worker and comparison (tests/workers/backend_worker.py), on CPU: two
 processes of the transformers backend on a tiny model must agree exactly, and each must
 train every LoRA and router tensor in one TarpoTrainer step."""
 
@@ -8,16 +8,13 @@ import sys
 
 import torch
 
-from backend_worker import compare, prepare
+from workers.backend_worker import compare, prepare
+from helpers import TINY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=512, max_position_embeddings=2048, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
-
-
 def run_worker(*args):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    res = subprocess.run([sys.executable, os.path.join(HERE, "backend_worker.py"), "--steps", "24", "--completion",
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), "--steps", "24", "--completion",
                           "32", *args], capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr[-4000:]
 

@@ -11,14 +11,13 @@ from tarpo.config import TarpoConfig
 from tarpo.latent import GaussianSoftTokens, HrpoGate
 from tarpo.mixture import build_inputs_embeds, normalised_full_mixture
 from tarpo.objective import tarpo_loss
-from tarpo.presets import ALGOS
+from tarpo.routing import ALGOS
 from tarpo.rollout import RolloutSpec, hybrid_generate
 from tarpo.sampling import filter_logits
 from tarpo.scoring import score_rollout, sequence_hidden
 from tarpo.tiny import tiny_causal_lm
 from tarpo.trainer import TarpoTrainer
-from test_eval import DATA, needs_data  # the tiny saved system: the `tiny` fixture of conftest.py
-from test_trainer import letter_reward, make_args, make_dataset
+from helpers import DATA, letter_reward, make_args, make_dataset, needs_data
 
 
 def test_hrpo_gate_starts_with_at_least_99_percent_token_embedding():
@@ -154,7 +153,7 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
 
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_every_algo_trains_and_changes_every_trainable_parameter(tokenizer, tmp_path, algo):
-    args = make_args(tmp_path, routing=ALGOS[algo]["routing"], max_steps=3, hrpo_lr=1e-1)
+    args = make_args(tmp_path, routing=ALGOS[algo].name, max_steps=3, hrpo_lr=1e-1)
     trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, seed=2), reward_funcs=letter_reward, args=args,
                            train_dataset=make_dataset(), processing_class=tokenizer)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -1,6 +1,6 @@
 """Checkpoints and resuming (issue #12): kills and a full disk during a save, finished runs, the metrics log.
 
-The launcher runs go through tests/checkpoint_worker.py: one process imports everything once and
+The launcher runs go through tests/workers/checkpoint_worker.py: one process imports everything once and
 forks one child per run; a child SIGKILLs itself at a point of the save sequence (or its save hits
 a full disk), then the same run is launched again and must end with the adapter and router of an
 uninterrupted run, bit for bit.
@@ -18,8 +18,7 @@ from safetensors.torch import load_file
 from tarpo.tiny import char_tokenizer, tiny_causal_lm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from checkpoint_worker import POINTS, TORCH_DISK_FULL  # noqa: E402
+from workers.checkpoint_worker import POINTS, TORCH_DISK_FULL
 
 # checkpoint-2 of a 3-step run saving every step is where the kills hit; "final*" hit after checkpoint-3
 IN_CHECKPOINT_2 = [p for p in POINTS if not p.startswith("final")]
@@ -47,7 +46,7 @@ def runs(tmp_path_factory):
     env = {**ENV, "MODEL": str(root / "tiny"), "DATA_PATH": str(root / "train.jsonl"), "OUT_DIR": str(root / "runs")}
     (root / "plan.json").write_text(json.dumps({"env": env, "steps": steps}))
     clean = {k: v for k, v in os.environ.items() if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN")}
-    res = subprocess.run([sys.executable, os.path.join(HERE, "checkpoint_worker.py"), str(root / "plan.json"),
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "checkpoint_worker.py"), str(root / "plan.json"),
                           str(root / "result.json")], capture_output=True, text=True, timeout=900,
                          env={**clean, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-3000:]

@@ -14,7 +14,7 @@ from tarpo.objective import group_advantages, k3, tarpo_loss
 from tarpo.rollout import RolloutSpec
 from tarpo.tiny import tiny_causal_lm
 from tarpo.trainer import TarpoTrainer
-from test_trainer import letter_reward, make_args, make_dataset
+from helpers import letter_reward, make_args, make_dataset
 
 
 def names(cls):

@@ -14,11 +14,10 @@ import sys
 
 import pytest
 import torch
-from helpers import free_port
+from helpers import DATA, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DATA = os.path.join(ROOT, "..", "shared", "data")
 STEPS = 2
 TOLERANCE = 1e-7  # 2 processes vs 1 process, absolute, after STEPS SGD steps (docs/several-gpus.md)
 
@@ -29,7 +28,7 @@ def run(script, out, *args, processes=1):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
               str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
               "--main_process_port", str(free_port())]
-    cmd = [*(launch if processes > 1 else [sys.executable]), os.path.join(HERE, script), str(out), *args]
+    cmd = [*(launch if processes > 1 else [sys.executable]), os.path.join(HERE, "workers", script), str(out), *args]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
 

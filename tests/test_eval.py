@@ -9,19 +9,9 @@ import time
 
 import pytest
 
+from helpers import DATA, eval_args, needs_data
 from tarpo.cli import main as cli
 from tarpo.metrics import pass_at_k
-
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
-                                reason="../shared/data is not beside the checkout")
-
-
-def eval_args(tiny, out, *extra):
-    model, adapter = tiny
-    return ["eval", "--model", model, "--adapter", adapter, "--tasks", "gsm8k", "--data-dir", DATA,
-            "--limit", "20", "--n", "4", "--max-new-tokens", "12", "--batch-size", "8", "--out", str(out), *extra]
-
 
 def lines(path):
     with open(path) as f:
@@ -57,7 +47,7 @@ def test_eval_writes_trajectories_and_results_on_real_gsm8k(tiny, tmp_path, caps
 
 
 def _run_eval_subprocess(tiny, out):
-    cmd = [sys.executable, "-m", "tarpo.eval", *eval_args(tiny, out)[1:]]
+    cmd = [sys.executable, "-m", "tarpo.cli", *eval_args(tiny, out)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
@@ -134,12 +124,10 @@ def test_the_engine_is_a_setting_of_the_samples(tiny, tmp_path, capsys):
 
 @needs_data
 def test_tarpo_greedy_is_one_deterministic_sample_routed_by_the_routers_argmax(tiny, tmp_path):
-    from tarpo import tables
-    from tarpo.evaluation import GREEDY_MODES, spec_for_mode
+    from tarpo.evaluation import spec_for_mode
     from tarpo.rollout import RolloutSpec
     spec = spec_for_mode("tarpo_greedy", RolloutSpec(max_new_tokens=4))
     assert (spec.routing, spec.greedy, spec.router_greedy) == ("learned", True, True)
-    assert tables.GREEDY_MODES == GREEDY_MODES
     runs = []
     for name in ("a", "b"):
         args = eval_args(tiny, tmp_path / name, "--mode", "tarpo_greedy", "--limit", "5")

@@ -9,13 +9,8 @@ import sys
 
 import pytest
 
-from helpers import free_port
+from helpers import DATA, ROOT, free_port, needs_data
 from tarpo.cli import main as cli
-
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
-                                reason="../shared/data is not beside the checkout")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def eval_args(tiny, out, *extra, limit=6):

@@ -1,7 +1,7 @@
 """GPU equivalence of the Unsloth path (tarpo.patches) and the transformers path.
 
 A random-init model of the Qwen2.5-1.5B configuration in bf16 with a saved LoRA adapter and
-router; each backend runs in a process of its own (``tests/backend_worker.py``: importing
+router; each backend runs in a process of its own (``tests/workers/backend_worker.py``: importing
 Unsloth rebinds transformers' Qwen2/Llama forwards process-wide, so a reference loaded beside
 it would run Unsloth's code), and this process, which never imports Unsloth, compares what
 they wrote. Skipped without CUDA or without the ``gpu`` extra; run by benchmarks/gpu_check.sh.
@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_worker(*args):
-    res = subprocess.run([sys.executable, os.path.join(HERE, "backend_worker.py"), *args], capture_output=True,
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), *args], capture_output=True,
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
 

@@ -19,7 +19,7 @@ from tarpo.hooks import UnslothBackbone, make_backbone
 from tarpo.rollout import RolloutSpec, hybrid_generate
 from tarpo.router import Router
 from tarpo.trainer import TarpoTrainer
-from test_trainer import letter_reward, make_args, make_dataset
+from helpers import letter_reward, make_args, make_dataset
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt here"]
 

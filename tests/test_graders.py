@@ -7,12 +7,11 @@ import time
 
 import pytest
 
+from helpers import DATA, needs_data
 from tarpo.answers import last_boxed
 from tarpo.graders import canonical_answers, grade_batch, multiple_choice_letter, reward_function, score
 from tarpo.tasks import load_task
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="../shared/data is not present beside the project")
 
 
 def ex(gold, task="math500", **extra):

@@ -16,16 +16,14 @@ import time
 
 import pytest
 
+from helpers import DATA, ROOT, needs
 from tarpo import sandbox
 from tarpo.graders import grade_batch, reward_function
 from tarpo.tasks import load_task
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.environ.get("TARPO_DATA_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "data")
-needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "humaneval")),
-                                reason="the HumanEval data folder is not beside the checkout")
+needs_data = needs("humaneval")
 
 
 def _wrong(name, args, value="False"):

@@ -8,13 +8,11 @@ from html.parser import HTMLParser
 
 import pytest
 
+from helpers import DATA, needs_data
 from tarpo.cli import main as cli
 from tarpo.tiny import char_tokenizer, tiny_causal_lm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(ROOT, "..", "shared", "data")
-needs_data = pytest.mark.skipif(not os.path.isdir(os.path.join(DATA, "gsm8k")),
-                                reason="../shared/data is not beside the checkout")
 
 
 def launch(script, timeout=120, **env):

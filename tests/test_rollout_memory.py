@@ -9,7 +9,7 @@
   collection.
 - Grouped decode attention: with left padding, transformers' SDPA path copies K/V once per query
   head at every decode step (``repeat_kv``); the eager engine's steps go through
-  :func:`tarpo.static_decode.grouped_decode_attention`, which does not, and decodes the same.
+  :func:`tarpo.grouped_attention.grouped_decode_attention`, which does not, and decodes the same.
 """
 
 import contextlib

@@ -17,7 +17,7 @@ from tarpo.rollout import RolloutSpec, hybrid_generate
 from tarpo.router import Router
 from tarpo.sampling import STREAM_TOKEN, gumbel_argmax, row_keys, step_normals, step_uniforms
 from tarpo.scoring import score_rollout
-from tarpo.static_decode import grouped_decode_attention
+from tarpo.grouped_attention import grouped_decode_attention
 from tarpo.tagging import token_piece_fn
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt, with padding", "x"]

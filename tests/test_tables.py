@@ -15,8 +15,7 @@ from tarpo.cli import main as cli
 from tarpo.metrics import ci95
 from tarpo.tables import build, latex, load_results, markdown
 
-from test_eval import DATA, eval_args, needs_data  # the tiny saved system: the `tiny` fixture of conftest.py
-from test_tasks import COUNTS
+from helpers import COUNTS, DATA, eval_args, needs_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "transcribe_paper_tables.py")

@@ -3,21 +3,8 @@ import os
 
 import pytest
 
+from helpers import COUNTS, DATA, needs_data
 from tarpo.tasks import TASKS, DataError, answer_tag, load_task, system_prompts
-
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="../shared/data is not present beside the project")
-
-COUNTS = [
-    ("gsm8k", "gsm8k", "train", 7473), ("gsm8k", "gsm8k", "test", 1319),
-    ("gsm8k", "gsm8k/soft_thinking_gsm8k.jsonl", None, 1319),
-    ("math", "math", "train", 7500), ("math", "math", "test", 5000),
-    ("math500", "math500", "test", 500), ("math500", "math500/soft_thinking_math500.jsonl", None, 500),
-    ("amc23", "amc23", "test", 40), ("amc23", "amc23/soft_thinking_amc23.jsonl", None, 40),
-    ("aime24", "aime24", "test", 30), ("aime25", "aime25/soft_thinking_aime2025.jsonl", None, 30),
-    ("olympiadbench", "olympiadbench", "test", 675),
-    ("arc_challenge", "arc_challenge", "test", 1172), ("humaneval", "humaneval", "test", 164),
-]
 
 
 @needs_data

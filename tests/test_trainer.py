@@ -5,29 +5,10 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
+from helpers import letter_reward, make_args, make_dataset
 from tarpo.config import TarpoConfig
 from tarpo.router import Router
 from tarpo.trainer import TarpoTrainer, encode_prompts
-
-
-def letter_reward(prompts, completions, **kwargs):
-    """A dense toy reward with spread inside every group: share of vowels."""
-    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
-
-
-def make_dataset(n=8):
-    return datasets.Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": f"question {i}?"}], "answer": str(i)} for i in range(n)])
-
-
-def make_args(tmp_path, **overrides):
-    kw = dict(output_dir=str(tmp_path / "run"), bf16=False, per_device_train_batch_size=4, num_generations=4,
-              max_completion_length=12, max_steps=3, logging_steps=1, report_to="none",
-              gradient_checkpointing=False, save_strategy="no", learning_rate=1e-2, router_lr=1e-1,
-              action_bias=[0.5, 0.0], lora_r=4, lora_alpha=8, beta=0.05, seed=0, data_seed=0)
-    kw.update(overrides)
-    return TarpoConfig(**kw)
 
 
 def test_training_changes_every_trainable_parameter_only(model, tokenizer, tmp_path):

@@ -1,6 +1,6 @@
 """Unsloth's own Python code on the CPU, in a process of its own, against transformers in another.
 
-``tests/unsloth_cpu.py`` stands in for the GPU-only pieces (device queries, two Triton kernels);
+``tests/workers/unsloth_cpu.py`` stands in for the GPU-only pieces (device queries, two Triton kernels);
 the rest is the pinned Unsloth 2026.10.7 (installed by scripts/setup_env.sh into
 ``.venv/unsloth-cpu``, never into the project's environment): its class forwards, the fast
 single-token decode with paged K/V buffers behind tarpo.patches' decode wrapper, the embedding
@@ -16,8 +16,8 @@ import sys
 import pytest
 import torch
 
-from backend_worker import compare, prepare
-from test_backend_worker import TINY
+from workers.backend_worker import compare, prepare
+from helpers import TINY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SITE = os.environ.get("TARPO_UNSLOTH_CPU_SITE", os.path.join(os.path.dirname(HERE), ".venv", "unsloth-cpu"))
@@ -31,7 +31,7 @@ def run(tmp_path, *args, unsloth=False):
     if unsloth:
         env.update(UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_cache"),
                    PYTHONPATH=os.pathsep.join([SITE, HERE]))
-    res = subprocess.run([sys.executable, os.path.join(HERE, "backend_worker.py"), "--steps", "24", "--completion",
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), "--steps", "24", "--completion",
                           "32", *args], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-5000:]
 
@@ -58,14 +58,14 @@ def test_unsloth_grouped_decode_attention_equals_its_own_and_copies_no_kv_per_he
     """tarpo.patches.grouped_decode on Unsloth's decode path, left-padded rows: the same rollout as
     Unsloth's own attention (SDPA with ``enable_gqa`` and the padding mask, whose math kernel copies K/V
     per query head) and no such call; after the rollout none of its K/V (``UnslothBackbone._past``,
-    Unsloth's paged buffers) is alive (tests/unsloth_decode_worker.py)."""
+    Unsloth's paged buffers) is alive (tests/workers/unsloth_decode_worker.py)."""
     base, adapter = prepare(str(tmp_path), TINY, torch.float32)
     env = dict(os.environ, HF_HUB_OFFLINE="1", UNSLOTH_ALLOW_CPU="1",
                UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_cache"), PYTHONPATH=os.pathsep.join([SITE, HERE]))
     runs = {}
     for name in ("grouped", "repeated"):
         out = str(tmp_path / f"{name}.pt")
-        res = subprocess.run([sys.executable, os.path.join(HERE, "unsloth_decode_worker.py"), base, adapter, out,
+        res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "unsloth_decode_worker.py"), base, adapter, out,
                               *(["--repeated"] if name == "repeated" else [])], capture_output=True, text=True,
                              timeout=600, env=env, cwd=str(tmp_path))
         assert res.returncode == 0, res.stderr[-5000:]

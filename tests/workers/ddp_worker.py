@@ -3,8 +3,8 @@ tests/test_ddp.py. After every optimizer step each rank saves its trainable tens
 router) to ``<out>/rank<r>-step<s>.pt`` (step 0: before training), and at the start its frozen
 reference router to ``<out>/ref-router-rank<r>.pt``.
 
-    python tests/ddp_worker.py d1 --grad-accum 2                      # one process
-    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 tests/ddp_worker.py d2
+    python tests/workers/ddp_worker.py d1 --grad-accum 2                      # one process
+    ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 tests/workers/ddp_worker.py d2
 
 ``--direct-forward`` restores the defect issue #15 names: the training forward calls the decoder
 directly instead of through the module accelerate wrapped, so DDP never all-reduces a gradient.

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from accelerate import PartialState  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/ (helpers)
 from helpers import BiasedBackbone, decode_kwargs, encode_prompts  # noqa: E402
 
 from tarpo import static_decode  # noqa: E402

@@ -1,7 +1,7 @@
 """Runs ``python -m tarpo.launch gsm8k`` several times, each run in a forked child that may be
 SIGKILLed (or hit a full disk) at a chosen point of the save sequence (tests/test_checkpoints.py).
 
-    python tests/checkpoint_worker.py plan.json result.json
+    python tests/workers/checkpoint_worker.py plan.json result.json
 
 ``plan.json``: ``{"env": {launcher variables}, "steps": [{"run": RUN_NAME, "kill": POINT or null,
 "enospc": POINT or null}, ...]}``. The steps run one after the other, each in a child forked from

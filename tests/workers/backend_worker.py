@@ -7,8 +7,8 @@ per backend and compares what they wrote with :func:`compare`. On CPU,
 ``tests/test_backend_worker.py`` runs it twice on the transformers backend, which checks
 everything here except Unsloth itself.
 
-    python tests/backend_worker.py --backend unsloth --model M --adapter A --out un.pt
-    python tests/backend_worker.py --backend hf --model M --adapter A --out hf.pt --score un.pt
+    python tests/workers/backend_worker.py --backend unsloth --model M --adapter A --out un.pt
+    python tests/workers/backend_worker.py --backend hf --model M --adapter A --out hf.pt --score un.pt
 
 The file (``torch.save``) holds:
 
@@ -32,7 +32,8 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's tarpo
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # this checkout's tarpo; tests/ (checkout, helpers)
 from checkout import use_checkout_patches  # noqa: E402  (and its tarpo.patches)
 
 ROWS, PROMPT_LEN = 4, 48
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=64, help="rollout steps")
     ap.add_argument("--completion", type=int, default=256, help="completion length of the scored synthetic batch")
     ap.add_argument("--unsloth-on-cpu", action="store_true",
-                    help="Unsloth's Python code on the CPU, its Triton kernels stood in for (tests/unsloth_cpu.py); "
+                    help="Unsloth's Python code on the CPU, its Triton kernels stood in for (tests/workers/unsloth_cpu.py); "
                          "no trainer step")
     args = ap.parse_args(argv)
 

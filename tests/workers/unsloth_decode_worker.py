@@ -1,8 +1,8 @@
-"""Unsloth's decode path on the CPU (tests/unsloth_cpu.py) with and without tarpo.patches.grouped_decode,
+"""Unsloth's decode path on the CPU (tests/workers/unsloth_cpu.py) with and without tarpo.patches.grouped_decode,
 for tests/test_unsloth_cpu.py: a seeded rollout of a left-padded batch, the SDPA calls of its decode
 steps, and what of the rollout's K/V is alive after it.
 
-    UNSLOTH_ALLOW_CPU=1 PYTHONPATH=<unsloth-cpu site>:tests python tests/unsloth_decode_worker.py M A out.pt [--repeated]
+    UNSLOTH_ALLOW_CPU=1 PYTHONPATH=<unsloth-cpu site>:tests python tests/workers/unsloth_decode_worker.py M A out.pt [--repeated]
 
 ``--repeated``: Unsloth's own decode attention (K/V expanded per query head by SDPA's math kernel
 when a padding mask is given), the reference.
@@ -14,7 +14,8 @@ import weakref
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's tarpo
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # this checkout's tarpo; tests/ (checkout, helpers)
 
 from checkout import use_checkout_patches  # noqa: E402
 

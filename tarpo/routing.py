@@ -1,0 +1,123 @@
+"""The routing rules and the inference modes: one table each (docs/algorithm.md §1-3).
+
+A **routing rule** says how the decode step (:mod:`tarpo.step`) picks ``d_t`` at a thinking step,
+what a soft step feeds, what training learns besides the LoRA backbone, and how a model trained
+with it is evaluated. Every trained system of the paper is one rule of the same trainer; its
+``algo`` is the launchers' ``ALGO`` and its ``system`` the name ``tarpo table`` prints.
+
+An **inference mode** (``tarpo eval --mode``) runs a trained model under one rule, sampled or
+greedy; ``system`` is the name of its column in the paper's tables.
+
+Nothing here imports torch, so the table renderer (:mod:`tarpo.tables`) reads it too.
+
+    >>> ROUTINGS["learned"].trains, ROUTINGS["hrpo"].trains, MODES["tarpo_greedy"].routing
+    ('router', 'hrpo_gate', 'learned')
+    >>> [r.algo for r in ROUTINGS.values()]
+    ['tarpo', 'grpo', 'grpo_pure_latent', 'grpo_entropy', 'hrpo', 'soft_tokens']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# how d_t is picked at a thinking step
+NEVER = "never"        # always hard
+ALWAYS = "always"      # soft at every thinking step
+ENTROPY = "entropy"    # soft iff the entropy of softmax(z_t / entropy_temperature) > entropy_threshold
+ROUTER = "router"      # drawn from the router rho(.|h_t) (argmax in the greedy modes)
+
+# what a soft step feeds
+TOP_K = "top_k"              # the top-k mixture of tarpo.mixture
+HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture (tarpo.latent.HrpoGate)
+GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus Gaussian noise (tarpo.latent.GaussianSoftTokens)
+
+
+@dataclass(frozen=True)
+class Routing:
+    name: str         # TarpoConfig.routing
+    soft_when: str    # NEVER, ALWAYS, ENTROPY or ROUTER
+    soft_input: str   # TOP_K, HRPO_GATE or GAUSSIAN
+    trains: str       # what training learns besides the LoRA backbone: "router", "hrpo_gate" or ""
+    algo: str         # the launchers' ALGO that trains with it
+    system: str       # its name in tarpo table
+    eval_mode: str    # the inference mode its trained model is evaluated with (MODES)
+    help: str
+    settings: tuple = ()  # the TarpoConfig fields of this rule's own (shown in a launcher's resolved configuration)
+
+    @property
+    def router(self) -> bool:
+        """The router decides, so training learns it and evaluation needs it."""
+        return self.soft_when == ROUTER
+
+    @property
+    def gate(self) -> bool:
+        return self.soft_input == HRPO_GATE
+
+    @property
+    def gaussian(self) -> bool:
+        return self.soft_input == GAUSSIAN
+
+    @property
+    def token_fed_when_soft(self) -> bool:
+        """A soft step still feeds ``E(v_t)`` (HRPO's blend), so its token stays in the policy gradient."""
+        return self.soft_input == HRPO_GATE
+
+
+ROUTINGS = {r.name: r for r in (
+    Routing("learned", ROUTER, TOP_K, "router", "tarpo", "TARPO", "tarpo",
+            "the router samples hard/soft (TARPO)"),
+    Routing("hard", NEVER, TOP_K, "", "grpo", "GRPO", "cot",
+            "always the sampled token (GRPO, CoT)"),
+    Routing("soft", ALWAYS, TOP_K, "", "grpo_pure_latent", "GRPO w/ Pure Latent", "pure_latent",
+            "always the top-k mixture (Pure Latent)"),
+    Routing("entropy", ENTROPY, TOP_K, "", "grpo_entropy", "GRPO w/ Entropy Routing", "entropy",
+            "soft iff token entropy > entropy_threshold (Entropy Routing)",
+            ("entropy_threshold", "entropy_temperature")),
+    Routing("hrpo", ALWAYS, HRPO_GATE, "hrpo_gate", "hrpo", "HRPO", "hrpo",
+            "HRPO's gated blend of E(v_t) and the mixture at every thinking step",
+            ("hrpo_mixture", "hrpo_lr", "hrpo_lambda_lr", "hrpo_c")),
+    # "Soft Tokens, Hard Truths": trained with noisy soft inputs, evaluated with hard inputs
+    Routing("soft_tokens", ALWAYS, GAUSSIAN, "", "soft_tokens", "Soft Tokens", "hard",
+            "the full mixture plus Gaussian noise at every thinking step (Soft Tokens)",
+            ("soft_tokens_noise_scale",)),
+)}
+ALGOS = {r.algo: r for r in ROUTINGS.values()}
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str         # tarpo eval --mode
+    routing: str      # the rule it decodes with (ROUTINGS)
+    system: str       # the column's name in the paper's tables
+    greedy: bool = False  # argmax tokens (and argmax routing), one sample per question
+    help: str = ""
+
+    @property
+    def rule(self) -> Routing:
+        return ROUTINGS[self.routing]
+
+
+MODES = {m.name: m for m in (
+    Mode("cot", "hard", "CoT", help="hard inputs throughout"),
+    Mode("hard", "hard", "TARPO (hard inputs)", help="a trained model forced to hard routing"),
+    Mode("pure_latent", "soft", "Pure Latent", help="soft at every thinking step"),
+    Mode("entropy", "entropy", "Entropy-Routed", help="soft where the token entropy is above the threshold"),
+    Mode("tarpo", "learned", "TARPO", help="the trained router samples each step's input"),
+    Mode("hrpo", "hrpo", "HRPO", help="HRPO's trained gate at every thinking step"),
+    Mode("greedy", "hard", "Greedy", greedy=True, help="argmax tokens, one sample"),
+    Mode("tarpo_greedy", "learned", "TARPO", greedy=True, help="argmax tokens and argmax routing, one sample"),
+)}
+
+
+def routing_rule(name: str, setting: str = "routing") -> Routing:
+    """The routing rule called ``name``; an unknown name is refused naming ``setting``."""
+    if name not in ROUTINGS:
+        raise ValueError(f"{setting}={name!r}: must be one of {', '.join(ROUTINGS)}")
+    return ROUTINGS[name]
+
+
+def inference_mode(name: str) -> Mode:
+    """The inference mode called ``name``; an unknown name is refused, listing the known ones."""
+    if name not in MODES:
+        raise ValueError(f"unknown inference mode {name!r}; known: {', '.join(MODES)}")
+    return MODES[name]

@@ -1,0 +1,160 @@
+"""The package's shape: no import cycle, no module over 400 lines, the README's layout table is the tree,
+each routing rule and inference mode is one table entry that the launchers, the config and the CLI read."""
+
+import ast
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "tarpo")
+MAX_LINES = 400
+
+
+def modules() -> dict[str, str]:
+    """``tarpo.x.y`` -> file, for every module of the package (``tarpo.patches`` is ``patches/``)."""
+    found = {}
+    for base, prefix in ((PACKAGE, "tarpo"), (os.path.join(ROOT, "patches"), "tarpo.patches")):
+        for folder, _, files in os.walk(base):
+            for f in files:
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(folder, f), base)[:-3].replace(os.sep, ".")
+                    name = prefix if rel == "__init__" else f"{prefix}.{rel.removesuffix('.__init__')}"
+                    found[name] = os.path.join(folder, f)
+    return found
+
+
+def imports(name: str, path: str, known) -> set[str]:
+    """The package modules ``path`` imports anywhere in it (top level or inside a function)."""
+    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            submodules = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in known]
+            # ``from . import sibling`` takes the sibling, not the package (whose __init__ may import it)
+            targets = submodules if len(submodules) == len(node.names) else [module, *submodules]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycles_are_found():
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_package_has_no_import_cycle():
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert graph["tarpo.rollout"] >= {"tarpo.step", "tarpo.static_decode"}  # the scan sees imports
+    assert cycles(graph) == []
+
+
+def test_no_module_is_over_400_lines():
+    sizes = {os.path.relpath(path, ROOT): sum(1 for _ in open(path)) for path in modules().values()}
+    assert {path: n for path, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_the_readme_layout_table_is_the_tree():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    table = readme[readme.index("| path | what |"):]
+    table = table[:table.index("\n\n")]
+    named = set(re.findall(r"`([\w./*-]+)`", table))
+    files = {os.path.relpath(p, ROOT) for p in modules().values() if not p.endswith("__init__.py")}
+    files = {f for f in files if not f.startswith("patches" + os.sep)}  # patches/ is one row
+    assert files - named == set(), "modules the README's layout table does not list"
+    listed = {n for n in named if "/" in n and "*" not in n}
+    assert {n for n in listed if not os.path.exists(os.path.join(ROOT, n))} == set(), "listed paths that do not exist"
+
+
+def test_each_routing_rule_and_mode_is_one_entry_that_the_rest_reads():
+    from tarpo.config import TarpoConfig, default
+    from tarpo.presets import resolve
+    from tarpo.routing import ALGOS, MODES, ROUTINGS, inference_mode, routing_rule
+
+    assert set(MODES[r.eval_mode].routing for r in ROUTINGS.values()) <= set(ROUTINGS)
+    assert all(m.routing in ROUTINGS for m in MODES.values())
+    assert all(routing_rule(r.name) is r for r in ROUTINGS.values())
+    help_text = TarpoConfig.__dataclass_fields__["routing"].metadata["help"]
+    assert all(f"'{name}'" in help_text for name in ROUTINGS)
+    for algo, rule in ALGOS.items():
+        cfg = resolve("gsm8k", {"ALGO": algo})
+        assert (cfg["trainer"]["routing"], cfg["system"], cfg["eval_mode"]) == (rule.name, rule.system, rule.eval_mode)
+        assert {name: cfg["trainer"][name] for name in rule.settings} == {name: default(name) for name in rule.settings}
+    with pytest.raises(ValueError, match="routing='lerned': must be one of learned, hard"):
+        routing_rule("lerned")
+    with pytest.raises(ValueError, match="unknown inference mode 'tarpo_sampled'"):
+        inference_mode("tarpo_sampled")
+
+
+def test_the_sampling_defaults_of_the_rollout_and_the_commands_are_the_configs():
+    import argparse
+
+    from tarpo import case, eval as tarpo_eval
+    from tarpo.config import default
+    from tarpo.rollout import RolloutSpec
+    from tarpo.router import Router
+
+    spec = RolloutSpec(max_new_tokens=1)
+    names = ("temperature", "top_k", "top_p", "soft_top_k", "routing", "entropy_threshold", "entropy_temperature",
+             "answer_tag")
+    assert {n: getattr(spec, n) for n in names} == {n: default(n) for n in names}
+    for module, argv, flags in (
+            (tarpo_eval, ["--model", "m", "--tasks", "gsm8k", "--out", "o"], tarpo_eval.SAMPLING_FLAGS),
+            (case, ["--model", "m", "--task", "gsm8k", "--ids", "1", "--out", "o"], ("temperature", "soft_top_k"))):
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        got = vars(parser.parse_args(argv))
+        assert {n: got[n] for n in flags} == {n: default(n) for n in flags}
+    router = Router(8)
+    assert router.proj.bias.tolist() == pytest.approx(default("action_bias"))
+    assert router.temperature == default("action_temperature")
+
+
+def test_the_three_launchers_share_one_body_that_lists_every_variable():
+    from tarpo.presets import SETTINGS, VARIABLES
+
+    body = open(os.path.join(ROOT, "scripts", "launch.sh")).read()
+    listed = set(re.findall(r"^([A-Z_0-9]+)=\$\{\1:-\}", body, flags=re.M))
+    assert listed == set(VARIABLES) | set(SETTINGS)
+    for dataset in ("gsm8k", "math", "dapo"):
+        launcher = open(os.path.join(ROOT, f"run_{dataset}.sh")).read()
+        assert launcher.rstrip().endswith(f'exec bash "$(dirname "$0")/scripts/launch.sh" {dataset}')
+        assert len(launcher.splitlines()) < 20
