@@ -13,9 +13,9 @@ import argparse
 import os
 import time
 
-from tarpo.graders import grade_batch
-from tarpo.tasks import load_task
-from tarpo.workers import shared_pool
+from tarpo.tasks.graders import grade_batch
+from tarpo.tasks.registry import load_task
+from tarpo.tasks.workers import shared_pool
 
 def examples(n: int, data: str | None):
     if data and os.path.isdir(data):

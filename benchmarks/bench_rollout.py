@@ -13,7 +13,7 @@ row decodes all 256 steps and every method does the same number of model steps. 
 - ``eager_learned_noise``: the eager engine given pre-drawn noise (``noise_seed``: Gumbel-max
   sampling, as the compiled engine): the same arithmetic, so the ratio to it is what the
   compiled step itself buys;
-- ``compiled_hard`` / ``compiled_learned``: the compiled engine (tarpo.static_decode).
+- ``compiled_hard`` / ``compiled_learned``: the compiled engine (tarpo.engine.static_decode).
 
 Each method runs once to warm up (compiling, for the compiled ones), then ``--repeats`` times,
 interleaved; the median counts. Compile time is the warm-up call minus the median, measured
@@ -42,9 +42,9 @@ if "--warm-caches" not in sys.argv:
 import torch  # noqa: E402
 from transformers import CompileConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from tarpo.backbone import Backbone  # noqa: E402
-from tarpo.rollout import RolloutSpec, hybrid_generate  # noqa: E402
-from tarpo.router import Router  # noqa: E402
+from tarpo.engine.backbone import Backbone  # noqa: E402
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.router import Router  # noqa: E402
 from tarpo.tiny import left_padded_prompts  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""GPU benchmarks of issue #7: the Unsloth path against the transformers path, one report.
+"""GPU benchmarks: the Unsloth path against the transformers path, one report.
 
     python benchmarks/gpu_bench.py --report docs/gpu/2026-11-22-H100.md [--tests-log gpu_tests.log]
     python benchmarks/gpu_bench.py --tiny --report /tmp/smoke.md      # a CPU smoke run of the code paths
@@ -9,7 +9,7 @@ On a random-init model with the Qwen2.5-1.5B configuration (``--shape 3b``: Qwen
 weights needed):
 
 - rollout tokens/s of the Unsloth path (tarpo.patches), the transformers path (the eager
-  engine, and the compiled one of tarpo.static_decode with CUDA graphs) and a reference-style loop (full-vocabulary mixture, text re-decoded every step;
+  engine, and the compiled one of tarpo.engine.static_decode with CUDA graphs) and a reference-style loop (full-vocabulary mixture, text re-decoded every step;
   benchmarks/reference_loop.py), batch 64, 512 new tokens, learned routing (b0 = [2.2, 0]);
 - decode step time against the weight-bandwidth floor (weight bytes / measured device copy
   bandwidth);
@@ -40,15 +40,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_loop import reference_generate  # noqa: E402
 
 from tarpo.config import TarpoConfig  # noqa: E402
-from tarpo.eval import package_versions  # noqa: E402  (imports tarpo.trainer: TRL's class before unsloth)
+from tarpo.cli.eval import package_versions  # noqa: E402  (imports tarpo.training.trainer: TRL's class before unsloth)
 from tarpo.files import write_json_atomic, write_text_atomic  # noqa: E402
-from tarpo.hooks import make_backbone  # noqa: E402
-from tarpo.modeling import lora_config, resolve_backend  # noqa: E402
-from tarpo.objective import tarpo_loss  # noqa: E402
-from tarpo.rollout import RolloutSpec, hybrid_generate  # noqa: E402
-from tarpo.router import Router  # noqa: E402
-from tarpo.scoring import score_rollout  # noqa: E402
-from tarpo.tagging import token_piece_fn  # noqa: E402
+from tarpo.models.backends import make_backbone  # noqa: E402
+from tarpo.models.loading import lora_config, resolve_backend  # noqa: E402
+from tarpo.training.objective import tarpo_loss  # noqa: E402
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.router import Router  # noqa: E402
+from tarpo.training.scoring import score_rollout  # noqa: E402
+from tarpo.engine.tagging import token_piece_fn  # noqa: E402
 from tarpo.tiny import QWEN25_3B, QWEN25_15B, left_padded_prompts, random_model_dir, synthetic_rollout  # noqa: E402
 
 VERSIONED = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "tarpo")
@@ -94,7 +94,7 @@ def load(path: str, backend: str, device, lora: bool, config: TarpoConfig):
     """(policy model, tokenizer) on the given backend, LoRA r/alpha/targets from ``config``."""
     from peft import get_peft_model
 
-    from tarpo.modeling import load_base_model, load_tokenizer, unsloth_policy
+    from tarpo.models.loading import load_base_model, load_tokenizer, unsloth_policy
     if backend == "unsloth":
         model = unsloth_policy(path, config, "bfloat16")
     else:

@@ -13,7 +13,7 @@
 # or project); the others then merge their result (with date, device, boot id) into RESULTS and
 # re-render REPORT, both replaced atomically: the report always holds every step finished so far.
 # Env: REPORT (docs/gpu/<UTC date>-<gpu>.md), RESULTS (REPORT with .json), WHEELS (.whl),
-#   SHAPE (1.5b; 3b: the Qwen2.5-3B configuration of issue #14's decode-step measurement),
+#   SHAPE (1.5b; 3b: the Qwen2.5-3B configuration of the decode-step measurement, docs/rollout-engines.md),
 #   SITE (/tmp/tarpo-site; empty: use PYTHON's own environment, install nothing), PYTHON (python3),
 #   BUDGET (seconds for the whole command; 560 where $OUT is set, else none: a step's process that
 #   outlasts it is stopped and recorded as timed out), ALLOW_CPU=1 (no CUDA: a smoke run of the
@@ -82,7 +82,7 @@ def check(out):
                            "tarpo") if importlib.util.find_spec(m) is None]
     if missing and (cuda or "tarpo" in missing):
         sys.exit(f"gpu_check: missing {missing}: carry the kit of benchmarks/fetch_gpu_wheels.sh as .whl")
-    import tarpo.trainer  # noqa: F401  TRL's own GRPOTrainer before unsloth, as tarpo does
+    import tarpo.training.trainer  # noqa: F401  TRL's own GRPOTrainer before unsloth, as tarpo does
     import tarpo.patches
     if "unsloth" not in missing:
         tarpo.patches.check_versions()

@@ -3,7 +3,7 @@
 It does what the published reference code does and docs/algorithm.md §1 forbids: the soft input is
 the full-vocabulary product ``softmax(z/T) @ E`` (O(B V d) per step instead of a gather of k
 rows), and the answer tag is found by re-decoding every row's whole completion at every
-step (O(T^2)). Routing and sampling follow :mod:`tarpo.rollout` so that the work compared is
+step (O(T^2)). Routing and sampling follow :mod:`tarpo.engine.rollout` so that the work compared is
 the same; it returns the generated ids only.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from tarpo.backbone import Backbone, positions_from_mask
+from tarpo.engine.backbone import Backbone, positions_from_mask
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ expected version, when they do not match.
   reused by Qwen2) returns logits only; the patch re-installs the ``*ForCausalLM.forward`` that
   ``CausalLM_fast_forward`` builds, around a wrapper that keeps the normed final hidden state
   (the ``lm_head`` input) on the model. Soft inputs reach that path through a forward hook on
-  ``embed_tokens`` (:class:`tarpo.hooks.EmbeddingOverride`), which the decode path calls as a
+  ``embed_tokens`` (:class:`tarpo.models.backends.EmbeddingOverride`), which the decode path calls as a
   module: the ids keep flowing.
 - :mod:`.grouped_decode`: with a padding mask, Unsloth's decode attention
   (``LlamaAttention_fast_forward_inference``) leaves SDPA only its math kernel, which copies the
@@ -21,12 +21,12 @@ expected version, when they do not match.
   ``compute_loss`` never calls ``_compute_loss``; the guard keeps TARPO on TRL's own class and
   checks that its overrides are the ones that run.
 
-Use: ``tarpo.modeling`` calls :func:`apply` right after ``FastLanguageModel.get_peft_model``.
+Use: ``tarpo.models.loading`` calls :func:`apply` right after ``FastLanguageModel.get_peft_model``.
 """
 
 from __future__ import annotations
 
-from ..backbone import unwrap
+from ..engine.backbone import unwrap
 from .targets import check, check_source, check_versions  # noqa: F401
 from .versions import EXPECTED_VERSIONS, PatchError  # noqa: F401
 
@@ -38,7 +38,7 @@ def apply(model) -> None:
     """Check the installed Unsloth, then patch the decode and training forwards for ``model``.
 
     The backend marker goes on the ``*ForCausalLM`` under any PEFT wrapper, where
-    :func:`tarpo.hooks.make_backbone` reads it: a PEFT wrapper forwards attribute reads to
+    :func:`tarpo.models.backends.make_backbone` reads it: a PEFT wrapper forwards attribute reads to
     the model it wraps, never the other way round.
     """
     from . import decode_hidden, training_forward

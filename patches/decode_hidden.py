@@ -18,7 +18,7 @@ hidden-state forward wrapper off the instance. After each decode step the hidden
 
 from __future__ import annotations
 
-from ..backbone import unwrap
+from ..engine.backbone import unwrap
 from . import grouped_decode
 
 

@@ -13,7 +13,7 @@ The patch builds the decode with Unsloth's own factory,
 that runs Unsloth's during which the module's ``scaled_dot_product_attention`` is
 :func:`grouped_sdpa`: for one query position and fewer K/V heads it lays each group's query heads
 along the query axis, ``[B, H, 1, D] -> [B, H_kv, H / H_kv, D]``, and attends to the cache as it is
-(the mask ``[B, 1, 1, L]`` broadcasts), as :func:`tarpo.grouped_attention.grouped_decode_attention`
+(the mask ``[B, 1, 1, L]`` broadcasts), as :func:`tarpo.engine.grouped_attention.grouped_decode_attention`
 does for transformers; any other call goes to torch's function unchanged. :func:`check_target`
 verifies, from the installed source, that the target still makes that call.
 """

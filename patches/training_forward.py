@@ -6,12 +6,12 @@ attention_mask, position_ids, past_key_values, inputs_embeds, ...)`` (installed 
 unless ``self._unsloth_keep_padding_mask`` is set (wrong for TARPO's left-padded prompts),
 and when ``self._has_no_labels`` is set it detaches ``inputs_embeds`` (which would cut the
 gradient of HRPO's gate). TARPO calls the decoder without labels; the patch sets the first
-flag once and :class:`tarpo.hooks.UnslothBackbone` clears the second before each call.
+flag once and :class:`tarpo.models.backends.UnslothBackbone` clears the second before each call.
 """
 
 from __future__ import annotations
 
-from ..backbone import unwrap
+from ..engine.backbone import unwrap
 
 
 def apply(model) -> None:

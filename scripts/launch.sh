@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The one body of run_gsm8k.sh / run_math.sh / run_dapo.sh: every launcher variable, then tarpo.launch for
+# The one body of run_gsm8k.sh / run_math.sh / run_dapo.sh: every launcher variable, then tarpo.runs.launch for
 # the data set given as $1. A launcher (or the environment) sets any of these variables; an empty value
 # means the paper's value for the data set and MODEL (docs/algorithm.md §5; the values live in
-# tarpo/presets.py and TarpoConfig). DRY_RUN=1 prints the resolved configuration (its last line is one
+# tarpo/runs/presets.py and TarpoConfig). DRY_RUN=1 prints the resolved configuration (its last line is one
 # JSON object) and exits. The Python is $PYTHON, else the project's .venv (made by scripts/setup_env.sh),
-# else `python`. With NUM_PROCESSES > 1 or an ACCELERATE_CONFIG, tarpo.launch checks the settings here,
+# else `python`. With NUM_PROCESSES > 1 or an ACCELERATE_CONFIG, tarpo.runs.launch checks the settings here,
 # then starts training (and EVAL=1's evaluation) through `$PYTHON -m accelerate.commands.launch`;
 # DRY_RUN=1 shows the command.
 set -euo pipefail
@@ -68,4 +68,4 @@ cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
 fi
-exec "$PYTHON" -m tarpo.launch "$1"
+exec "$PYTHON" -m tarpo.runs.launch "$1"

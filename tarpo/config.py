@@ -13,11 +13,10 @@ from dataclasses import MISSING, dataclass, field
 import torch
 from trl import GRPOConfig
 
-from .latent import HRPO_MIXTURES
-from .routing import GAUSSIAN, ROUTINGS
+from .routing import GAUSSIAN, HRPO_MIXTURES, ROUTINGS
 
 TOKEN_KL_MODES = ("k3", "full")
-ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.rollout, tarpo.static_decode)
+ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.engine.rollout, tarpo.engine.static_decode)
 
 
 def resolve_optimizer(name: str) -> str:
@@ -32,20 +31,20 @@ def resolve_optimizer(name: str) -> str:
     return name
 
 
-# ---- Inherited fields (issue #13). TarpoTrainer keeps TRL's sampler, reward plumbing, buffering, logging and
+# ---- Inherited fields. TarpoTrainer keeps TRL's sampler, reward plumbing, buffering, logging and
 # checkpointing and replaces its generation and loss, so some inherited fields have no reader. Each field of
 # GRPOConfig's own is in exactly one of the three tables below (tests/test_config_fields.py checks it); the fields of
 # transformers' TrainingArguments are read by the Trainer as usual, except those pinned here.
 
 # Pinned: the only value that describes what runs; any other value is refused, naming the field.
 PINNED = {
-    # how the loss and the advantages are formed (tarpo.objective)
+    # how the loss and the advantages are formed (tarpo.training.objective)
     "loss_type": ("grpo", "the loss is the mean over trajectories of (1/T_i) sum_t, TRL's 'grpo' normalisation "
-                          "(tarpo.objective.tarpo_loss)"),
+                          "(tarpo.training.objective.tarpo_loss)"),
     "scale_rewards": ("group", "advantages are (r - group mean) / (group std + advantage_eps) "
-                               "(tarpo.objective.group_advantages)"),
+                               "(tarpo.training.objective.group_advantages)"),
     "multi_objective_aggregation": ("sum_then_normalize", "weighted rewards are summed, then normalised per group"),
-    "importance_sampling_level": ("token", "off-policy ratios are per step (tarpo.objective.policy_gradient_term)"),
+    "importance_sampling_level": ("token", "off-policy ratios are per step (tarpo.training.objective.policy_gradient_term)"),
     "use_bias_correction_kl": (False, "the token KL is not weighted by an importance ratio"),
     "mask_truncated_completions": (False, "truncated completions stay in the loss"),
     "delta": (None, "no two-sided clipping bound"),
@@ -55,16 +54,16 @@ PINNED = {
     "use_adaptive_entropy": (False, "no entropy bonus"),
     "router_aux_loss_coef": (None, "no MoE auxiliary loss is added"),
     "sync_ref_model": (False, "the reference is the base model with the adapter disabled, never synced"),
-    # how completions are generated (tarpo.rollout)
+    # how completions are generated (tarpo.engine.rollout)
     "use_vllm": (False, "the hybrid decode loop feeds soft inputs, which vLLM cannot"),
     "use_transformers_paged": (False, "the hybrid decode loop is not transformers' generate"),
     "use_transformers_continuous_batching": (False, "the hybrid decode loop is not transformers' generate"),
-    "min_p": (None, "the token policy's filters are top_k and top_p only (tarpo.sampling)"),
-    "repetition_penalty": (1.0, "the token policy has no repetition penalty (tarpo.sampling)"),
+    "min_p": (None, "the token policy's filters are top_k and top_p only (tarpo.engine.sampling)"),
+    "repetition_penalty": (1.0, "the token policy has no repetition penalty (tarpo.engine.sampling)"),
     "generation_kwargs": (None, "the hybrid decode loop takes no generate() arguments"),
     "cache_implementation": (None, "the rollout engines keep their own caches (eager: DynamicCache, compiled: "
                                    "StaticCache; rollout_engine)"),
-    "chat_template_kwargs": (None, "prompts are encoded by tarpo.prompts with the tokenizer's chat template"),
+    "chat_template_kwargs": (None, "prompts are encoded by tarpo.tasks.prompts with the tokenizer's chat template"),
     "pad_to_multiple_of": (None, "prompts and completions are not padded to a multiple"),
     "num_generations_eval": (None, "evaluation groups are num_generations completions, like training's"),
     "cast_lm_head_to_fp32": (False, "logits are computed in the model's dtype and cast to fp32 after"),
@@ -74,7 +73,7 @@ PINNED = {
     "neftune_noise_alpha": (None, "inputs are built from E directly, past the embedding module NEFTune hooks"),
     "include_num_input_tokens_seen": ("no", "the trainer counts prompt tokens and generated units itself "
                                             "(num_tokens); a rollout batch has no input_ids to count"),
-    "use_liger_kernel": (False, "log-probs come from tarpo.scoring and the loss from tarpo.objective"),
+    "use_liger_kernel": (False, "log-probs come from tarpo.training.scoring and the loss from tarpo.training.objective"),
     "torch_compile": (False, "the model is not compiled (torch_compile_backend or torch_compile_mode turn this on)"),
 }
 
@@ -83,8 +82,8 @@ HONOURED = {
     "model_init_kwargs", "trust_remote_code",            # TRL loads a model or reward model given by name
     "disable_dropout", "num_generations", "max_completion_length", "shuffle_dataset",
     "generation_batch_size", "steps_per_generation", "num_iterations",  # TRL's sampler and buffering
-    "temperature", "top_p", "top_k",                     # tarpo.rollout / tarpo.scoring
-    "beta", "epsilon", "epsilon_high", "reward_weights",  # tarpo.objective, reward plumbing
+    "temperature", "top_p", "top_k",                     # tarpo.engine.rollout / tarpo.training.scoring
+    "beta", "epsilon", "epsilon_high", "reward_weights",  # tarpo.training.objective, reward plumbing
 }
 
 # Read only when a pinned field has another value, or in a mode this trainer never enters: no effect at any value.
@@ -221,7 +220,7 @@ class TarpoConfig(GRPOConfig):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         metadata={"help": "Modules that get LoRA. Paper: query, key, value, dense = q, k, v, o (Table 6); the "
                   "authors' released scripts (TARPO's and HRPO's) also adapt gate_proj, up_proj, down_proj "
-                  "(launcher: LORA_TARGETS=all-linear, tarpo.presets)."})
+                  "(launcher: LORA_TARGETS=all-linear, tarpo.runs.presets)."})
     # ---- lengths (Table 7) ----
     max_prompt_length: int = field(
         default=1024, metadata={"help": "Prompts longer than this many tokens are truncated from the left "
@@ -230,7 +229,7 @@ class TarpoConfig(GRPOConfig):
         default="auto", metadata={"help": "Decode engine of the rollouts: 'eager', the reference loop (any backend; "
                                           "with BACKEND=unsloth it is Unsloth's fast decode path); 'compiled', one "
                                           "static-shape step under torch.compile (CUDA graphs on CUDA), transformers "
-                                          "backend only (tarpo.static_decode); 'auto', compiled on the transformers "
+                                          "backend only (tarpo.engine.static_decode); 'auto', compiled on the transformers "
                                           "backend on CUDA, eager with Unsloth and on the CPU (where compiling a "
                                           "deep model costs more than a short run saves). In training both engines draw the same samples (keyed noise, "
                                           "docs/rollout-engines.md)."})
@@ -304,7 +303,7 @@ class TarpoConfig(GRPOConfig):
 
 def default(name: str):
     """The default of the TarpoConfig field ``name``: the one place each default is written. The
-    rollout settings (:class:`tarpo.rollout.RolloutSpec`), the launchers (:mod:`tarpo.presets`) and
+    rollout settings (:class:`tarpo.engine.rollout.RolloutSpec`), the launchers (:mod:`tarpo.runs.presets`) and
     the flags of ``tarpo eval`` / ``tarpo case`` read it here.
 
         >>> default("soft_top_k"), default("action_bias")

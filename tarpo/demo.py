@@ -1,13 +1,13 @@
 """The CPU testbed: the whole method on a tiny model, end to end, in minutes on a CPU.
 
 1. **Warm start** (cached): a byte-level BPE tokenizer trained in memory on the
-   synthetic arithmetic task (:mod:`tarpo.synthetic`) and its system prompt, and a small
+   synthetic arithmetic task (:mod:`tarpo.tasks.synthetic`) and its system prompt, and a small
    random Qwen2 model taught the answer format by a short supervised phase, so that RL
    starts from rewards that are neither all 0 nor all 1.
 2. **RL**: GRPO (routing ``hard``) and TARPO (learned routing) with :class:`TarpoTrainer`,
    same data, seed and hyper-parameters.
 3. **Evaluation**: CoT (the warm-started model), GRPO and TARPO on the test split,
-   ``n`` samples per question, with :mod:`tarpo.evaluation` and the task's grader.
+   ``n`` samples per question, with :mod:`tarpo.evaluation.sample` and the task's grader.
 
 ``python -m tarpo.demo --help`` lists the settings; ``run_demo.sh`` sets them as shell
 variables. The run folder holds ``config.json``, each run's ``metrics.jsonl``,
@@ -31,18 +31,18 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
-from .callbacks import JsonlLogger, ProgressBar
 from .config import TarpoConfig, default
-from .evaluation import sample, score_records, summarize
-from .graders import reward_function
-from .modeling import load_trained
-from .plot import plot_runs
-from .rollout import RolloutSpec
+from .engine.rollout import RolloutSpec
+from .evaluation.plot import plot_runs
+from .evaluation.sample import sample, score_records, summarize
+from .models.loading import load_trained
 from .routing import ALGOS, MODES
-from .synthetic import completion_text, make_split, noisy_demonstration
-from .tasks import load_task, messages
+from .tasks.graders import reward_function
+from .tasks.registry import load_task, messages
+from .tasks.synthetic import completion_text, make_split, noisy_demonstration
 from .tiny import bpe_tokenizer, tiny_causal_lm
-from .trainer import TarpoTrainer
+from .training.callbacks import JsonlLogger, ProgressBar
+from .training.trainer import TarpoTrainer
 
 MODEL = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, intermediate_size=384)
 
@@ -197,7 +197,7 @@ def parse_args(argv=None):
     ap.add_argument("--algos", default="grpo,tarpo", help="RL systems to train and evaluate besides CoT")
     ap.add_argument("--engine", default="auto", choices=["auto", "eager", "compiled"],
                     help="rollout engine of the RL runs (docs/rollout-engines.md); auto: the one whose cost the "
-                         "run repays, decided after the first rollout (tarpo/engine_choice.py)")
+                         "run repays, decided after the first rollout (tarpo/engine/engine_choice.py)")
     ap.add_argument("--workers", type=int, default=0,
                     help="processes that train and evaluate the systems side by side (0: one per core, at most "
                          "one per system); the cores are shared among them")

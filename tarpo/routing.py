@@ -1,6 +1,6 @@
 """The routing rules and the inference modes: one table each (docs/algorithm.md §1-3).
 
-A **routing rule** says how the decode step (:mod:`tarpo.step`) picks ``d_t`` at a thinking step,
+A **routing rule** says how the decode step (:mod:`tarpo.engine.step`) picks ``d_t`` at a thinking step,
 what a soft step feeds, what training learns besides the LoRA backbone, and how a model trained
 with it is evaluated. Every trained system of the paper is one rule of the same trainer; its
 ``algo`` is the launchers' ``ALGO`` and its ``system`` the name ``tarpo table`` prints.
@@ -8,7 +8,7 @@ with it is evaluated. Every trained system of the paper is one rule of the same 
 An **inference mode** (``tarpo eval --mode``) runs a trained model under one rule, sampled or
 greedy; ``system`` is the name of its column in the paper's tables.
 
-Nothing here imports torch, so the table renderer (:mod:`tarpo.tables`) reads it too.
+Nothing here imports torch, so the table renderer (:mod:`tarpo.evaluation.tables`) reads it too.
 
     >>> ROUTINGS["learned"].trains, ROUTINGS["hrpo"].trains, MODES["tarpo_greedy"].routing
     ('router', 'hrpo_gate', 'learned')
@@ -27,9 +27,10 @@ ENTROPY = "entropy"    # soft iff the entropy of softmax(z_t / entropy_temperatu
 ROUTER = "router"      # drawn from the router rho(.|h_t) (argmax in the greedy modes)
 
 # what a soft step feeds
-TOP_K = "top_k"              # the top-k mixture of tarpo.mixture
-HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture (tarpo.latent.HrpoGate)
-GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus Gaussian noise (tarpo.latent.GaussianSoftTokens)
+TOP_K = "top_k"              # the top-k mixture of tarpo.engine.mixture
+HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture (tarpo.engine.latent.HrpoGate)
+GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus Gaussian noise (tarpo.engine.latent.GaussianSoftTokens)
+HRPO_MIXTURES = ("full", "top_k")  # the mixture HRPO's gate blends (TarpoConfig.hrpo_mixture, tarpo.engine.latent.HrpoGate)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 
-from tarpo.router import Router  # noqa: E402
+from tarpo.engine.router import Router  # noqa: E402
 from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 
 # pytest-xdist's workers share the cores (scripts/test.sh runs one per core)
@@ -49,8 +49,8 @@ def _compile_backend(request, monkeypatch):
     """The compiled engine is traced by dynamo with ``fullgraph=True`` in every test, so a graph break
     or a recompile fails wherever it happens; inductor's C++ code generation (about a minute a graph
     on a cold cache) runs only in the tests marked ``inductor``, which compare it with the eager
-    engine. The others lower the same traced graph with ``aot_eager`` (tarpo/static_decode.py)."""
-    from tarpo.static_decode import COMPILE_BACKEND_VARIABLE
+    engine. The others lower the same traced graph with ``aot_eager`` (tarpo/engine/static_decode.py)."""
+    from tarpo.engine.static_decode import COMPILE_BACKEND_VARIABLE
     if request.node.get_closest_marker("inductor") is None:
         monkeypatch.setenv(COMPILE_BACKEND_VARIABLE, "aot_eager")
     else:

@@ -1,13 +1,13 @@
 """What several test modules share: where the benchmark files are, the toy reward, data set and trainer
-settings, the tiny saved system's eval command, and small test doubles around :class:`tarpo.backbone.Backbone`."""
+settings, the tiny saved system's eval command, and small test doubles around :class:`tarpo.engine.backbone.Backbone`."""
 
 import os
 
 import pytest
 import torch
 
-from tarpo.backbone import Backbone
-from tarpo.tagging import token_piece_fn
+from tarpo.engine.backbone import Backbone
+from tarpo.engine.tagging import token_piece_fn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the real benchmark files (each with a SOURCE.md), beside the checkout; TARPO_DATA_DIR points elsewhere
@@ -120,8 +120,8 @@ def stand_in_unsloth_decode(model, monkeypatch):
     """
     import contextlib
 
-    from tarpo.backbone import unwrap
-    from tarpo.hooks import UnslothBackbone, final_norm
+    from tarpo.engine.backbone import unwrap
+    from tarpo.models.backends import UnslothBackbone, final_norm
     from tarpo.patches import BACKEND_MARKER
 
     base = unwrap(model)

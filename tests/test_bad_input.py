@@ -1,5 +1,5 @@
 """Bad input is caught before any model is loaded and before any file is written, and the error
-names the variable, file, row or id (issue #12, part 3), plus the smaller output rules of part 4."""
+names the variable, file, row or id, plus the smaller output rules (docs/design-notes.md, "Bad input and small output rules")."""
 
 import json
 import os
@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from tarpo import launch
+from tarpo.runs import launch
 from tarpo.cli import main as cli
-from tarpo.tasks import DataError, load_task
+from tarpo.tasks.registry import DataError, load_task
 from tarpo.tiny import char_tokenizer
 
 LAUNCH_VARIABLES = ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN", "LR", "GROUP_SIZE", "BATCH", "EVAL_N")
@@ -78,7 +78,7 @@ def test_eval_refuses_an_unwritable_out_before_loading_and_creates_nothing_on_ba
 
 
 def test_grade_names_a_line_it_could_not_write_and_writes_as_it_grades(tmp_path, capsys, monkeypatch):
-    import tarpo.grade as grade
+    import tarpo.cli.grade as grade
     good = {"completion": "#### 2", "gold": "2"}
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps(good) + "\n" + '{"completion": "#### \\ud800", "gold": "2"}\n')
@@ -105,7 +105,7 @@ def test_grade_names_a_line_it_could_not_write_and_writes_as_it_grades(tmp_path,
 
 
 def test_a_long_chat_prompt_keeps_its_system_prompt_and_template():
-    from tarpo.prompts import encode_prompts
+    from tarpo.tasks.prompts import encode_prompts
     tok = char_tokenizer()
     system = {"role": "system", "content": "SYSTEM RULES"}
     prompt = [system, {"role": "user", "content": "BEGIN " + "x" * 300 + " end"}]
@@ -122,11 +122,11 @@ def test_the_trainer_says_how_many_prompts_will_be_cut_at_the_start(tmp_path, ca
     import datasets
 
     from tarpo.tiny import tiny_causal_lm
-    from tarpo.trainer import TarpoTrainer
+    from tarpo.training.trainer import TarpoTrainer
     from test_trainer import letter_reward, make_args
     tok = char_tokenizer()
     rows = [{"prompt": [{"role": "user", "content": "q" * (200 if i < 3 else 5)}]} for i in range(8)]
-    with caplog.at_level("WARNING", logger="tarpo.trainer"):
+    with caplog.at_level("WARNING", logger="tarpo.training.trainer"):
         TarpoTrainer(model=tiny_causal_lm(tok), reward_funcs=letter_reward, processing_class=tok,
                      args=make_args(tmp_path, max_prompt_length=64), train_dataset=datasets.Dataset.from_list(rows))
     assert "3 of 8 training prompts are longer than max_prompt_length=64" in caplog.text
@@ -151,7 +151,7 @@ def test_launcher_refuses_a_prompt_that_cannot_fit_before_loading_the_model(monk
     tok.save_pretrained(tmp_path / "tiny")
     data = write_jsonl(tmp_path / "train.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
     loads = []
-    monkeypatch.setattr("tarpo.modeling.training_policy", lambda *a, **k: loads.append(1))
+    monkeypatch.setattr("tarpo.models.loading.training_policy", lambda *a, **k: loads.append(1))
     code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL=str(tmp_path / "tiny"), DATA_PATH=data,
                              MAX_PROMPT_LENGTH="32", BF16="0")
     assert code == 2 and "prompt of row 0: even with an empty last user turn" in err, err

@@ -8,15 +8,15 @@ import torch
 
 from helpers import BiasedBackbone, decode_kwargs, encode_prompts
 from tarpo.config import TarpoConfig
-from tarpo.latent import GaussianSoftTokens, HrpoGate
-from tarpo.mixture import build_inputs_embeds, normalised_full_mixture
-from tarpo.objective import tarpo_loss
+from tarpo.engine.latent import GaussianSoftTokens, HrpoGate
+from tarpo.engine.mixture import build_inputs_embeds, normalised_full_mixture
+from tarpo.training.objective import tarpo_loss
 from tarpo.routing import ALGOS
-from tarpo.rollout import RolloutSpec, hybrid_generate
-from tarpo.sampling import filter_logits
-from tarpo.scoring import score_rollout, sequence_hidden
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+from tarpo.engine.sampling import filter_logits
+from tarpo.training.scoring import score_rollout, sequence_hidden
 from tarpo.tiny import tiny_causal_lm
-from tarpo.trainer import TarpoTrainer
+from tarpo.training.trainer import TarpoTrainer
 from helpers import DATA, letter_reward, make_args, make_dataset, needs_data
 
 
@@ -178,9 +178,9 @@ def test_every_algo_trains_and_changes_every_trainable_parameter(tokenizer, tmp_
 def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     from safetensors.torch import save_file
 
-    from tarpo.evaluation import sample
-    from tarpo.latent import HRPO_WEIGHTS
-    from tarpo.modeling import load_gate
+    from tarpo.evaluation.sample import sample
+    from tarpo.engine.latent import HRPO_WEIGHTS
+    from tarpo.models.loading import load_gate
 
     args = make_args(tmp_path, routing="hrpo", max_steps=1)
     trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, seed=2), reward_funcs=letter_reward, args=args,

@@ -1,4 +1,4 @@
-"""Checkpoints and resuming (issue #12): kills and a full disk during a save, finished runs, the metrics log.
+"""Checkpoints and resuming: kills and a full disk during a save, finished runs, the metrics log.
 
 The launcher runs go through tests/workers/checkpoint_worker.py: one process imports everything once and
 forks one child per run; a child SIGKILLs itself at a point of the save sequence (or its save hits
@@ -150,7 +150,7 @@ def fake_checkpoint(run_dir, step, files=FILES):
 
 
 def test_resume_takes_the_newest_complete_checkpoint_and_names_the_incomplete_ones(tmp_path):
-    from tarpo.checkpoints import last_complete_checkpoint
+    from tarpo.training.checkpoints import last_complete_checkpoint
 
     run = tmp_path / "run"
     fake_checkpoint(run, 1)
@@ -169,7 +169,7 @@ def test_resume_takes_the_newest_complete_checkpoint_and_names_the_incomplete_on
 
 
 def test_a_run_is_finished_when_its_adapter_says_it_reached_the_planned_steps(tmp_path):
-    from tarpo.checkpoints import FINAL_STATE, finished_step, publish
+    from tarpo.training.checkpoints import FINAL_STATE, finished_step, publish
 
     run = tmp_path / "run"
     fake_checkpoint(run, 3)
@@ -199,7 +199,7 @@ def test_disk_full_is_recognised_in_each_form_a_save_reports_it(tmp_path, monkey
 
     from safetensors import SafetensorError
 
-    from tarpo.checkpoints import is_disk_full
+    from tarpo.training.checkpoints import is_disk_full
 
     torch_error = RuntimeError(TORCH_DISK_FULL)
     torch_error.__context__ = RuntimeError("basic_ios::clear: iostream error")
@@ -215,7 +215,7 @@ def test_disk_full_is_recognised_in_each_form_a_save_reports_it(tmp_path, monkey
 
 
 def test_plot_reads_one_record_per_step_the_latest(tmp_path):
-    from tarpo.plot import read_log
+    from tarpo.evaluation.plot import read_log
 
     path = tmp_path / "metrics.jsonl"
     steps = [1, 2, 1, 2, 3, 4, 4, 5]  # a run resumed twice, each time from an earlier checkpoint
@@ -231,7 +231,7 @@ def test_plot_reads_one_record_per_step_the_latest(tmp_path):
 def test_metrics_log_drops_the_steps_a_resumed_run_rolls_back(tmp_path):
     from transformers import TrainerControl, TrainerState
 
-    from tarpo.callbacks import JsonlLogger
+    from tarpo.training.callbacks import JsonlLogger
 
     path = tmp_path / "metrics.jsonl"
     with open(path, "w") as f:
@@ -251,7 +251,7 @@ def test_metrics_log_drops_the_steps_a_resumed_run_rolls_back(tmp_path):
 def test_trainer_resumes_from_the_newest_complete_checkpoint_and_trains_nothing_past_max_steps(tokenizer, tmp_path):
     from test_trainer import letter_reward, make_args, make_dataset
 
-    from tarpo.trainer import TarpoTrainer
+    from tarpo.training.trainer import TarpoTrainer
 
     def trainer(max_steps):
         args = make_args(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=1,

@@ -1,5 +1,5 @@
 """Every field TarpoConfig inherits from TRL works or is pinned to what runs, and a run's saved config is
-what ran (issue #13)."""
+what ran."""
 
 import dataclasses
 import os
@@ -10,10 +10,10 @@ from transformers import TrainingArguments
 from trl import GRPOConfig
 
 from tarpo.config import HONOURED, INERT, PINNED, TarpoConfig
-from tarpo.objective import group_advantages, k3, tarpo_loss
-from tarpo.rollout import RolloutSpec
+from tarpo.training.objective import group_advantages, k3, tarpo_loss
+from tarpo.engine.rollout import RolloutSpec
 from tarpo.tiny import tiny_causal_lm
-from tarpo.trainer import TarpoTrainer
+from tarpo.training.trainer import TarpoTrainer
 from helpers import letter_reward, make_args, make_dataset
 
 

@@ -55,7 +55,7 @@ def test_every_rank_holds_the_same_parameters_after_every_step(runs):
 
 
 def test_every_rank_holds_the_reference_router_that_training_starts_from(runs):
-    """Issue #25: TRL seeds each rank differently, so each drew its own router; DDP trains rank 0's, and the
+    """TRL seeds each rank differently, so each drew its own router; DDP trains rank 0's, and the
     frozen reference (not a parameter DDP broadcasts) must be that router on every rank too."""
     refs = [torch.load(runs / "two" / f"ref-router-rank{rank}.pt") for rank in (0, 1)]
     assert refs[0].keys() == refs[1].keys() == {"proj.weight", "proj.bias"}
@@ -102,7 +102,7 @@ def test_lockstep_ranks_make_the_same_decode_steps_and_the_rollouts_of_running_a
 def test_sharded_parameters_are_refused_with_a_pointer_to_the_docs():
     from types import SimpleNamespace
 
-    from tarpo.distributed import check_not_sharded
+    from tarpo.training.distributed import check_not_sharded
 
     check_not_sharded(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=None, deepspeed_plugin=None)))
     check_not_sharded(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2))))
@@ -117,10 +117,10 @@ def zero_reward_runs(tmp_path_factory):
     """run_gsm8k.sh on a tiny random Qwen2 (every reward 0, so every advantage 0 and the loss is the KL terms
     alone) for 3 steps, with 1 and with 2 processes, the launcher's own optimizer (OPTIM unset: on this
     CPU-only machine what tarpo.config.resolve_optimizer makes of paged_adamw_8bit) and its learning rates
-    raised as issue #25 ran it. The eager engine: the rollout engine plays no part here."""
+    raised (docs/several-gpus.md). The eager engine: the rollout engine plays no part here."""
     if not os.path.isdir(os.path.join(DATA, "gsm8k")):
         pytest.skip("../shared/data is not beside the checkout")
-    from tarpo.presets import SETTINGS, VARIABLES
+    from tarpo.runs.presets import SETTINGS, VARIABLES
     from tarpo.tiny import char_tokenizer, tiny_causal_lm
 
     root = tmp_path_factory.mktemp("launcher")
@@ -153,7 +153,7 @@ def adapter_and_router(run):
 
 
 def test_zero_advantages_train_nothing_on_one_process_or_two(zero_reward_runs):
-    """Issue #25. At step 1 the policy is the reference, so the KL terms, and with zero advantages the whole
+    """At step 1 the policy is the reference, so the KL terms, and with zero advantages the whole
     loss, are exactly 0 and so is their gradient; Adam would turn any numerical noise there into full-size
     steps. Both process counts must train the same (nothing but weight decay)."""
     from tarpo.config import resolve_optimizer

@@ -5,9 +5,9 @@ import random
 import pytest
 
 from tarpo import demo
-from tarpo.graders import score
-from tarpo.synthetic import completion_text, make_split, noisy_demonstration, problem
-from tarpo.tasks import load_task
+from tarpo.tasks.graders import score
+from tarpo.tasks.synthetic import completion_text, make_split, noisy_demonstration, problem
+from tarpo.tasks.registry import load_task
 
 
 def test_synthetic_splits_are_seeded_disjoint_and_graded_by_the_shared_grader():

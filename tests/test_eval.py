@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from helpers import DATA, eval_args, needs_data
+from helpers import eval_args, needs_data
 from tarpo.cli import main as cli
-from tarpo.metrics import pass_at_k
+from tarpo.evaluation.metrics import pass_at_k
 
 def lines(path):
     with open(path) as f:
@@ -124,8 +124,8 @@ def test_the_engine_is_a_setting_of_the_samples(tiny, tmp_path, capsys):
 
 @needs_data
 def test_tarpo_greedy_is_one_deterministic_sample_routed_by_the_routers_argmax(tiny, tmp_path):
-    from tarpo.evaluation import spec_for_mode
-    from tarpo.rollout import RolloutSpec
+    from tarpo.evaluation.sample import spec_for_mode
+    from tarpo.engine.rollout import RolloutSpec
     spec = spec_for_mode("tarpo_greedy", RolloutSpec(max_new_tokens=4))
     assert (spec.routing, spec.greedy, spec.router_greedy) == ("learned", True, True)
     runs = []

@@ -7,8 +7,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from helpers import DATA, ROOT, free_port, needs_data
 from tarpo.cli import main as cli
 

@@ -15,10 +15,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from helpers import decode_kwargs, encode_prompts, stand_in_unsloth_decode
-from tarpo.hooks import UnslothBackbone, make_backbone
-from tarpo.rollout import RolloutSpec, hybrid_generate
-from tarpo.router import Router
-from tarpo.trainer import TarpoTrainer
+from tarpo.models.backends import UnslothBackbone, make_backbone
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+from tarpo.engine.router import Router
+from tarpo.training.trainer import TarpoTrainer
 from helpers import letter_reward, make_args, make_dataset
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt here"]

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from helpers import DATA, needs_data
-from tarpo.answers import last_boxed
-from tarpo.graders import canonical_answers, grade_batch, multiple_choice_letter, reward_function, score
-from tarpo.tasks import load_task
+from tarpo.tasks.answers import last_boxed
+from tarpo.tasks.graders import canonical_answers, grade_batch, multiple_choice_letter, reward_function, score
+from tarpo.tasks.registry import load_task
 
 
 

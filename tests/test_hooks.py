@@ -5,11 +5,11 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from helpers import decode_kwargs, encode_prompts
-from tarpo.backbone import Backbone, positions_from_mask
-from tarpo.hooks import HookedBackbone
-from tarpo.mixture import build_inputs_embeds, soft_topk
-from tarpo.rollout import RolloutSpec, hybrid_generate
-from tarpo.router import Router
+from tarpo.engine.backbone import Backbone, positions_from_mask
+from tarpo.models.backends import HookedBackbone
+from tarpo.engine.mixture import build_inputs_embeds, soft_topk
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+from tarpo.engine.router import Router
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt here"]
 
@@ -61,7 +61,7 @@ def test_unsloth_backbone_session_logic_on_the_transformers_path(model, tokenize
     ids, the cache it passes back, the fixed batch) against the plain rollout. The decode
     wrapper of tarpo.patches is stood in for (helpers.stand_in_unsloth_decode)."""
     from helpers import stand_in_unsloth_decode
-    from tarpo.hooks import UnslothBackbone, make_backbone
+    from tarpo.models.backends import UnslothBackbone, make_backbone
 
     with monkeypatch.context() as patched:
         handle = stand_in_unsloth_decode(model, patched)

@@ -1,4 +1,4 @@
-"""Wrong HumanEval solutions that attack the grader itself must score 0 (issue #12).
+"""Wrong HumanEval solutions that attack the grader itself must score 0 (docs/humaneval-sandbox.md).
 
 Every program below is a *wrong* solution (it returns a constant, or nothing at all) that
 tries to make the grader count a pass anyway: by ending its process with status 0 before or
@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from helpers import DATA, ROOT, needs
-from tarpo import sandbox
-from tarpo.graders import grade_batch, reward_function
-from tarpo.tasks import load_task
+from helpers import DATA, needs
+from tarpo.tasks import sandbox
+from tarpo.tasks.graders import grade_batch, reward_function
+from tarpo.tasks.registry import load_task
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 

@@ -51,7 +51,7 @@ def test_dry_run_math_is_the_paper_configuration_for_qwen_3b_and_7b():
     t = seven["trainer"]
     assert {k: t[k] for k in PAPER_MATH if k != "per_device_train_batch_size"} == {
         k: v for k, v in PAPER_MATH.items() if k != "per_device_train_batch_size"}
-    # the step's 64 completions, trained in micro-batches that fit an 80 GB GPU (tarpo.memory_plan)
+    # the step's 64 completions, trained in micro-batches that fit an 80 GB GPU (tarpo.runs.memory_plan)
     assert t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] == 64
     assert seven["memory_plan"]["micro_batch"] == t["per_device_train_batch_size"] < 64
 
@@ -66,14 +66,14 @@ def test_dry_run_other_data_sets_models_and_overrides():
     assert (t["learning_rate"], t["router_lr"], t["action_bias"]) == (2e-6, 2e-6, [4.6, 0.0])
     assert t["routing"] == "hrpo" and t["beta"] == 0.01 and dapo["system"] == "HRPO"
     assert dapo["eval_tasks"] == ["gpqa_diamond", "arc_challenge", "humaneval"]
-    # HRPO as its code runs it: full-vocabulary mixture, gate LR 1e-4, Lambda LR 1e-3 (issue #13)
+    # HRPO as its code runs it: full-vocabulary mixture, gate LR 1e-4, Lambda LR 1e-3 (docs/design-notes.md)
     assert (t["hrpo_mixture"], t["hrpo_lr"], t["hrpo_lambda_lr"]) == ("full", 1e-4, 1e-3)
 
 
 def test_baseline_settings_as_their_authors_run_them():
-    """ALGO presets and the variables of issue #13, resolved in process (tarpo.presets, tarpo.launch)."""
-    from tarpo.launch import check_trainer
-    from tarpo.presets import resolve
+    """ALGO presets and the launcher variables, resolved in process (tarpo.runs.presets, tarpo.runs.launch)."""
+    from tarpo.runs.launch import check_trainer
+    from tarpo.runs.presets import resolve
 
     ours = resolve("math", {"ALGO": "hrpo", "HRPO_MIXTURE": "top_k", "HRPO_LAMBDA_LR": "1e-4"})["trainer"]
     assert (ours["hrpo_mixture"], ours["hrpo_lambda_lr"]) == ("top_k", 1e-4)
@@ -95,7 +95,7 @@ def test_baseline_settings_as_their_authors_run_them():
 
 
 def test_the_compiled_engine_is_refused_on_unsloth_before_anything_loads():
-    from tarpo.rollout import engine_for_backend
+    from tarpo.engine.rollout import engine_for_backend
 
     picked = {(e, b): engine_for_backend(e, b, cuda=True) for e, b in (("auto", "hf"), ("auto", "unsloth"),
                                                                       ("eager", "unsloth"), ("compiled", "hf"))}
@@ -128,7 +128,7 @@ def test_dry_run_with_two_processes_shows_the_accelerate_command():
     cfg = json.loads(res.stdout.strip().splitlines()[-1])
     assert cfg["num_processes"] == 2 and cfg["accelerate_config"] is None
     command = cfg["launch_command"].split()
-    assert command[1:] == [*ACCELERATE, "--num_processes", "2", "--multi_gpu", "-m", "tarpo.launch", "math"]
+    assert command[1:] == [*ACCELERATE, "--num_processes", "2", "--multi_gpu", "-m", "tarpo.runs.launch", "math"]
     assert f"launch_command = {cfg['launch_command']}" in res.stdout
     # BATCH stays the completions per optimizer step: each process makes half of them; the run is the same run
     assert cfg["trainer"]["per_device_train_batch_size"] == 32
@@ -138,7 +138,7 @@ def test_dry_run_with_two_processes_shows_the_accelerate_command():
 
 
 def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path):
-    from tarpo.presets import resolve
+    from tarpo.runs.presets import resolve
 
     config = tmp_path / "fsdp.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 4\n"
@@ -146,7 +146,7 @@ def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path)
     cfg = dry_run("run_gsm8k.sh", ACCELERATE_CONFIG=str(config))
     assert cfg["num_processes"] == 4 and cfg["trainer"]["per_device_train_batch_size"] == 8  # BATCH=32 over 4
     assert cfg["launch_command"].split()[1:] == [*ACCELERATE, "--num_processes", "4", "--config_file", str(config),
-                                                 "-m", "tarpo.launch", "gsm8k"]
+                                                 "-m", "tarpo.runs.launch", "gsm8k"]
     assert resolve("gsm8k", {"ACCELERATE_CONFIG": str(config), "NUM_PROCESSES": "2"})["num_processes"] == 2
     config.write_text("distributed_type: [\n")
     with pytest.raises(ValueError, match="ACCELERATE_CONFIG=.*fsdp.yaml: not an accelerate config file"):
@@ -154,8 +154,8 @@ def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path)
 
 
 def test_several_processes_need_cuda_or_accelerate_use_cpu(monkeypatch):
-    from tarpo.distributed import cpu_requested
-    from tarpo.launch import check_processes
+    from tarpo.training.distributed import cpu_requested
+    from tarpo.runs.launch import check_processes
 
     two, four = {"num_processes": 2, "accelerate_config": None}, {"num_processes": 4, "accelerate_config": None}
     with pytest.raises(ValueError, match="NUM_PROCESSES=2: no CUDA device.*ACCELERATE_USE_CPU=true"):
@@ -190,7 +190,7 @@ def tiny_model_folder(path):
 
 def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_path, monkeypatch):
     """The launching process runs the training processes, then the evaluation, with one accelerate prefix."""
-    import tarpo.launch as launcher
+    import tarpo.runs.launch as launcher
 
     for name in ("RANK", "LOCAL_RANK", launcher.LAUNCHED):
         monkeypatch.delenv(name, raising=False)
@@ -204,7 +204,7 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
     assert launcher.main(["gsm8k"]) == 0
     (train_cmd, train_env), (eval_cmd, eval_env) = ran
     prefix = [launcher.sys.executable, *ACCELERATE, "--num_processes", "2", "--multi_gpu"]
-    assert train_cmd == [*prefix, "-m", "tarpo.launch", "gsm8k"] and train_env[launcher.LAUNCHED] == "1"
+    assert train_cmd == [*prefix, "-m", "tarpo.runs.launch", "gsm8k"] and train_env[launcher.LAUNCHED] == "1"
     run = tmp_path / "runs" / "gsm8k-tiny-tarpo-g4-bs32-lr5e-06-beta0.005-b04.6-s0"
     assert eval_cmd[:len(prefix) + 3] == [*prefix, "-m", "tarpo.cli", "eval"]
     assert eval_cmd[eval_cmd.index("--adapter") + 1] == str(run / "adapter")
@@ -224,7 +224,7 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
 
 
 def test_the_main_process_is_rank_0(monkeypatch):
-    from tarpo.launch import process_rank
+    from tarpo.runs.launch import process_rank
 
     for name in ("RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)

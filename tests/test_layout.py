@@ -1,5 +1,6 @@
-"""The package's shape: no import cycle, no module over 400 lines, the README's layout table is the tree,
-each routing rule and inference mode is one table entry that the launchers, the config and the CLI read."""
+"""The package's shape: no import cycle, no import from a lower layer to a higher one, no module over 400
+lines, no function body over 60 lines in engine/ and training/, the README's layout table is the tree, each
+routing rule and inference mode is one table entry that the launchers, the config and the CLI read."""
 
 import ast
 import os
@@ -10,6 +11,18 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "tarpo")
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 60  # a function's body, its docstring not counted, in the packages below
+SHORT_FUNCTIONS = ("engine", "training")
+# The layers, lowest first: a module imports from its own layer or a lower one, never a higher one.
+LAYERS = [
+    {"tarpo.config", "tarpo.routing", "tarpo.files"},  # settings and the routing table: no torch model code
+    {"tarpo.engine", "tarpo.tasks"},                   # the rollout; data and grading
+    {"tarpo.patches", "tarpo.tiny"},                   # Unsloth's forward serving the engine; tiny test models
+    {"tarpo.models"},                                  # loading a policy and its backend
+    {"tarpo.training", "tarpo.evaluation"},            # the trainer; sampling and scoring trained systems
+    {"tarpo.cli"},                                     # the tarpo command
+    {"tarpo.runs", "tarpo.demo"},                      # the paper's runs (train, then `tarpo eval`); the CPU demo
+]
 
 
 def modules() -> dict[str, str]:
@@ -83,8 +96,51 @@ def test_cycles_are_found():
 def test_the_package_has_no_import_cycle():
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
-    assert graph["tarpo.rollout"] >= {"tarpo.step", "tarpo.static_decode"}  # the scan sees imports
+    assert graph["tarpo.engine.rollout"] >= {"tarpo.engine.step", "tarpo.engine.static_decode"}  # the scan sees imports
     assert cycles(graph) == []
+
+
+def layer(module: str) -> int:
+    top = ".".join(module.split(".")[:2])
+    found = [i for i, names in enumerate(LAYERS) if top in names or module == "tarpo"]
+    assert found, f"{module} is in no layer of LAYERS"
+    return found[0]
+
+
+def test_no_module_imports_from_a_higher_layer():
+    known = modules()
+    upward = sorted((name, target) for name, path in known.items() for target in imports(name, path, known)
+                    if layer(target) > layer(name))
+    assert upward == []
+
+
+def test_an_upward_import_is_found():
+    assert layer("tarpo.engine.step") < layer("tarpo.training.trainer")
+    assert layer("tarpo.patches.trl_guard") < layer("tarpo.models.loading") < layer("tarpo.cli.eval")
+
+
+def body_lines(node) -> int:
+    body = node.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:] or body
+    return body[-1].end_lineno - body[0].lineno + 1
+
+
+def test_no_function_in_engine_or_training_is_over_60_lines():
+    long = {}
+    for package in SHORT_FUNCTIONS:
+        folder = os.path.join(PACKAGE, package)
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".py"):
+                for node in ast.walk(ast.parse(open(os.path.join(folder, f)).read())):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and body_lines(node) > MAX_FUNCTION_LINES:
+                        long[f"{package}/{f}:{node.name}"] = body_lines(node)
+    assert long == {}
+
+
+def test_body_lines_leaves_out_the_docstring():
+    node = ast.parse('def f():\n    """doc\n    string"""\n    a = 1\n    return a\n').body[0]
+    assert body_lines(node) == 2
 
 
 def test_no_module_is_over_400_lines():
@@ -106,7 +162,7 @@ def test_the_readme_layout_table_is_the_tree():
 
 def test_each_routing_rule_and_mode_is_one_entry_that_the_rest_reads():
     from tarpo.config import TarpoConfig, default
-    from tarpo.presets import resolve
+    from tarpo.runs.presets import resolve
     from tarpo.routing import ALGOS, MODES, ROUTINGS, inference_mode, routing_rule
 
     assert set(MODES[r.eval_mode].routing for r in ROUTINGS.values()) <= set(ROUTINGS)
@@ -127,10 +183,10 @@ def test_each_routing_rule_and_mode_is_one_entry_that_the_rest_reads():
 def test_the_sampling_defaults_of_the_rollout_and_the_commands_are_the_configs():
     import argparse
 
-    from tarpo import case, eval as tarpo_eval
+    from tarpo.cli import case, eval as tarpo_eval
     from tarpo.config import default
-    from tarpo.rollout import RolloutSpec
-    from tarpo.router import Router
+    from tarpo.engine.rollout import RolloutSpec
+    from tarpo.engine.router import Router
 
     spec = RolloutSpec(max_new_tokens=1)
     names = ("temperature", "top_k", "top_p", "soft_top_k", "routing", "entropy_threshold", "entropy_temperature",
@@ -149,7 +205,7 @@ def test_the_sampling_defaults_of_the_rollout_and_the_commands_are_the_configs()
 
 
 def test_the_three_launchers_share_one_body_that_lists_every_variable():
-    from tarpo.presets import SETTINGS, VARIABLES
+    from tarpo.runs.presets import SETTINGS, VARIABLES
 
     body = open(os.path.join(ROOT, "scripts", "launch.sh")).read()
     listed = set(re.findall(r"^([A-Z_0-9]+)=\$\{\1:-\}", body, flags=re.M))

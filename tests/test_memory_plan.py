@@ -1,4 +1,4 @@
-"""The memory plan (tarpo.memory_plan, docs/memory-plan.md): exact parameter counts, the formula against
+"""The memory plan (tarpo.runs.memory_plan, docs/memory-plan.md): exact parameter counts, the formula against
 live-storage peaks measured on this project's own rollout and training code, the launcher's micro-batch."""
 
 import json
@@ -13,9 +13,9 @@ from peft import LoraConfig, get_peft_model
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from tarpo import memory_plan as mp
-from tarpo.backbone import Backbone
-from tarpo.presets import DATASETS, MODELS
+from tarpo.runs import memory_plan as mp
+from tarpo.engine.backbone import Backbone
+from tarpo.runs.presets import DATASETS, MODELS
 from tarpo.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,8 +82,8 @@ TRAIN_CASES = [("qwen2", 256, 896, 4, 8, 2, 256, 4, 64, 192), ("llama", 128, 352
 def test_training_activations_match_a_measured_peak(case):
     """A micro-batch's forward (policy + reference, router, chunked log-probs) and backward through
     LoRA with non-reentrant gradient checkpointing, bf16 weights under autocast, as the trainer runs it."""
-    from tarpo.router import Router
-    from tarpo.scoring import score_rollout
+    from tarpo.engine.router import Router
+    from tarpo.training.scoring import score_rollout
 
     arch, d, inter, layers, heads, kv, vocab, mb, P, T = case
     model = tiny(arch, d, inter, layers, heads, kv, vocab).to(torch.bfloat16)
@@ -113,8 +113,8 @@ ROLLOUT_CASES = [(512, 8, 128, 48), (65536, 16, 8, 8)]
 
 @pytest.mark.parametrize("case", ROLLOUT_CASES, ids=["prefill", "decode-step"])
 def test_eager_rollout_matches_a_measured_peak(case):
-    from tarpo.rollout import RolloutSpec, hybrid_generate
-    from tarpo.router import Router
+    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+    from tarpo.engine.router import Router
 
     vocab, B, P, T = case
     model = tiny("qwen2", 128, 448, 3, 4, 2, vocab).to(torch.bfloat16)
@@ -137,7 +137,7 @@ def test_eager_rollout_matches_a_measured_peak(case):
 
 
 def test_the_compiled_engine_cache_is_the_planned_kv_cache():
-    """The StaticCache that tarpo.static_decode allocates, after a prefill: B x bucketed length x layers x K, V."""
+    """The StaticCache that tarpo.engine.static_decode allocates, after a prefill: B x bucketed length x layers x K, V."""
     from transformers import StaticCache
 
     model = tiny("llama", 64, 160, 3, 4, 2, 300).to(torch.bfloat16)
@@ -151,8 +151,8 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
 
 
 def run_launcher(monkeypatch, capsys, dataset, **env):
-    """``python -m tarpo.launch <dataset>`` in this process; returns (status, stdout, stderr)."""
-    from tarpo import launch
+    """``python -m tarpo.runs.launch <dataset>`` in this process; returns (status, stdout, stderr)."""
+    from tarpo.runs import launch
     for name in ("MODEL", "ALGO", "BATCH", "MICRO_BATCH", "NUM_PROCESSES", "ACCELERATE_CONFIG", "BACKEND"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
@@ -166,8 +166,8 @@ def run_launcher(monkeypatch, capsys, dataset, **env):
 def test_every_preset_plans_within_an_80_gb_gpu(monkeypatch, capsys, backend):
     """Before this change the configuration had no memory_plan and trained each step's 64 completions in one
     micro-batch: 86 GiB planned for Qwen2.5-7B on MATH, 140 GiB for Llama-3.1-8B on DAPO."""
-    import tarpo.modeling
-    monkeypatch.setattr(tarpo.modeling, "resolve_backend", lambda b="auto": backend)  # unsloth needs CUDA
+    import tarpo.models.loading
+    monkeypatch.setattr(tarpo.models.loading, "resolve_backend", lambda b="auto": backend)  # unsloth needs CUDA
     table = {}
     for model in MODELS:
         for dataset in DATASETS:
@@ -205,7 +205,7 @@ def fake_gpu(monkeypatch, gib):
 
 
 def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
-    from tarpo import launch
+    from tarpo.runs import launch
     fake_gpu(monkeypatch, 40)
     monkeypatch.setattr(launch, "check_trainer", lambda cfg, cuda: None)  # it would ask transformers for a bf16 GPU
     status, out, err = run_launcher(monkeypatch, capsys, "math", MODEL="qwen2.5-3b", DRY_RUN="1")
@@ -225,7 +225,7 @@ def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
     ({"BATCH": "1024", "MODEL": "llama3.1-8b"}, "BATCH: the run needs"),
 ])
 def test_bad_micro_batches_are_refused_before_anything_loads(monkeypatch, capsys, tmp_path, env, message):
-    from tarpo import launch
+    from tarpo.runs import launch
     fake_gpu(monkeypatch, 79.1)
     monkeypatch.setattr(launch, "train", lambda cfg: pytest.fail("the model was loaded"))
     status, out, err = run_launcher(monkeypatch, capsys, "dapo", OUT_DIR=str(tmp_path / "runs"), **env)

@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from tarpo.evaluation import summarize
-from tarpo.graders import canonical_answers
-from tarpo.metrics import majority_vote, mean_sd_ci, pass_at_k
+from tarpo.evaluation.sample import summarize
+from tarpo.tasks.graders import canonical_answers
+from tarpo.evaluation.metrics import majority_vote, mean_sd_ci, pass_at_k
 
 
 @pytest.mark.parametrize("c", [0, 1, 16, 32])

@@ -1,4 +1,4 @@
-"""Training in micro-batches gives the gradient of one big batch (issue 20).
+"""Training in micro-batches gives the gradient of one big batch (docs/memory-plan.md).
 
 TRL decodes ``per_device_train_batch_size * steps_per_generation`` completions at once
 (``steps_per_generation`` defaults to ``gradient_accumulation_steps``), shuffles that generation
@@ -24,11 +24,10 @@ import torch
 from helpers import BiasedBackbone
 from transformers import TrainerCallback
 
-from tarpo import trainer as trainer_module
+from tarpo.training import trainer as trainer_module
 from tarpo.config import TarpoConfig
-from tarpo.objective import group_advantages
 from tarpo.tiny import tiny_causal_lm
-from tarpo.trainer import TarpoTrainer
+from tarpo.training.trainer import TarpoTrainer
 
 G = 4            # completions per prompt
 PROMPTS = 2      # one generation batch: 2 prompts x 4 completions = 8 rows

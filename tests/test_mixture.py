@@ -1,6 +1,6 @@
 import torch
 
-from tarpo.mixture import build_inputs_embeds, soft_topk
+from tarpo.engine.mixture import build_inputs_embeds, soft_topk
 
 
 def test_soft_topk_matches_hand_computation():

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from tarpo.objective import group_advantages, k3, kl_divergence, tarpo_loss, two_class_kl
+from tarpo.training.objective import group_advantages, k3, kl_divergence, tarpo_loss, two_class_kl
 
 
 def test_group_advantages_hand_values_and_zero_spread():
@@ -23,7 +23,7 @@ def test_k3_and_two_class_kl():
 
 
 def test_kl_gradient_is_exactly_zero_where_the_policy_is_the_reference():
-    """Issue #25: at initialisation the policy is the reference, bitwise. Autograd's gradient of
+    """At initialisation the policy is the reference, bitwise. Autograd's gradient of
     sum p (logp - ref) reaches the logits as p - p * sum(p), about 1e-8 and not 0, and Adam turns
     that into full-size steps; kl_divergence's is exactly 0 there, and autograd's elsewhere."""
     torch.manual_seed(0)

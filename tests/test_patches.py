@@ -14,7 +14,7 @@ import trl.trainer.grpo_trainer as grpo
 from tarpo.patches import EXPECTED_VERSIONS, PatchError, check_source, check_versions
 from tarpo.patches.targets import TARGETS
 from tarpo.patches.trl_guard import check_overrides, pristine_grpo_trainer
-from tarpo.trainer import TarpoTrainer
+from tarpo.training.trainer import TarpoTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 unsloth_installed = importlib.util.find_spec("unsloth") is not None

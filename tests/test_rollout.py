@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from helpers import BiasedBackbone, ScriptedBackbone, decode_kwargs, encode_prompts
-from tarpo.backbone import Backbone
-from tarpo.rollout import RolloutSpec, hybrid_generate
-from tarpo.router import Router
-from tarpo.scoring import score_rollout, sequence_hidden
+from tarpo.engine.backbone import Backbone
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+from tarpo.engine.router import Router
+from tarpo.training.scoring import score_rollout, sequence_hidden
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt here"]
 

@@ -1,7 +1,7 @@
-"""What the eager rollout engine leaves behind and what its decode steps copy (issue 20).
+"""What the eager rollout engine leaves behind and what its decode steps copy (docs/rollout-engines.md).
 
 - Release: once ``hybrid_generate`` returns (or raises), no K/V tensor of the rollout's cache is
-  alive: the transformers backend's ``DynamicCache``, and :class:`tarpo.hooks.UnslothBackbone`'s
+  alive: the transformers backend's ``DynamicCache``, and :class:`tarpo.models.backends.UnslothBackbone`'s
   ``_past`` and Unsloth's per-layer paged K/V buffers (here the Unsloth backbone on the
   transformers path, :func:`helpers.stand_in_unsloth_decode`, with Unsloth's buffers stood in by a
   hook; Unsloth itself: tests/test_unsloth_cpu.py). Checked with weak references, without
@@ -9,7 +9,7 @@
   collection.
 - Grouped decode attention: with left padding, transformers' SDPA path copies K/V once per query
   head at every decode step (``repeat_kv``); the eager engine's steps go through
-  :func:`tarpo.grouped_attention.grouped_decode_attention`, which does not, and decodes the same.
+  :func:`tarpo.engine.grouped_attention.grouped_decode_attention`, which does not, and decodes the same.
 """
 
 import contextlib
@@ -21,11 +21,11 @@ import transformers.integrations.sdpa_attention as sdpa_attention
 from transformers.cache_utils import DynamicLayer
 
 from helpers import decode_kwargs, encode_prompts, stand_in_unsloth_decode
-from tarpo import rollout as rollout_module
-from tarpo.backbone import Backbone
-from tarpo.hooks import UNSLOTH_DECODE_BUFFERS, make_backbone
-from tarpo.rollout import RolloutSpec, hybrid_generate
-from tarpo.router import Router
+from tarpo.engine import rollout as rollout_module
+from tarpo.engine.backbone import Backbone
+from tarpo.models.backends import UNSLOTH_DECODE_BUFFERS, make_backbone
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+from tarpo.engine.router import Router
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt here"]  # left-padded to the longest
 

@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from tarpo import sandbox
-from tarpo.sandbox import humaneval_source, isolation, run_humaneval, run_python
+from tarpo.tasks import sandbox
+from tarpo.tasks.sandbox import humaneval_source, isolation, run_humaneval, run_python
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 MARGIN = 5.0  # seconds allowed beyond the timeout for start-up and clean-up

@@ -1,6 +1,6 @@
 import torch
 
-from tarpo.scoring import full_token_kl, token_logprobs
+from tarpo.training.scoring import full_token_kl, token_logprobs
 
 
 def _setup():

@@ -1,4 +1,4 @@
-"""The compiled engine (tarpo.static_decode) against the eager one, given the same noise.
+"""The compiled engine (tarpo.engine.static_decode) against the eager one, given the same noise.
 
 Both engines run on tiny Qwen2 and Llama models (grouped K/V heads), left-padded prompts,
 logits biased so that rows end at different steps and write the answer tag split across
@@ -10,15 +10,15 @@ import torch
 from torch._dynamo.utils import counters
 
 from helpers import BiasedBackbone, encode_prompts
-from tarpo.backbone import Backbone
-from tarpo.latent import GaussianSoftTokens, HrpoGate
-from tarpo.mixture import topk_mixture
-from tarpo.rollout import RolloutSpec, hybrid_generate
-from tarpo.router import Router
-from tarpo.sampling import STREAM_TOKEN, gumbel_argmax, row_keys, step_normals, step_uniforms
-from tarpo.scoring import score_rollout
-from tarpo.grouped_attention import grouped_decode_attention
-from tarpo.tagging import token_piece_fn
+from tarpo.engine.backbone import Backbone
+from tarpo.engine.latent import GaussianSoftTokens, HrpoGate
+from tarpo.engine.mixture import topk_mixture
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+from tarpo.engine.router import Router
+from tarpo.engine.sampling import STREAM_TOKEN, gumbel_argmax, row_keys, step_normals, step_uniforms
+from tarpo.training.scoring import score_rollout
+from tarpo.engine.grouped_attention import grouped_decode_attention
+from tarpo.engine.tagging import token_piece_fn
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt, with padding", "x"]
 EXACT = ("token_ids", "completion_mask", "is_soft", "decided", "soft_ids", "ended_with_eos")
@@ -144,7 +144,7 @@ def test_a_rollout_reruns_identically_on_the_reused_engine(model, tokenizer):
 
 def test_compiled_engine_refuses_a_backbone_with_its_own_decode_path(model, tokenizer, monkeypatch):
     from helpers import stand_in_unsloth_decode
-    from tarpo.hooks import make_backbone
+    from tarpo.models.backends import make_backbone
 
     stand_in_unsloth_decode(model, monkeypatch)
     enc = encode_prompts(tokenizer, PROMPTS)
@@ -223,7 +223,7 @@ def poisoning_steps(monkeypatch):
     by poisoning them before each call."""
     from torch.utils._pytree import tree_flatten
 
-    from tarpo import static_decode
+    from tarpo.engine import static_decode
 
     original = static_decode.compiled_step
 
@@ -254,7 +254,7 @@ def test_the_rollouts_cache_and_buffers_are_released_when_it_returns(model, toke
     import gc
     import weakref
 
-    from tarpo.static_decode import StaticDecoder
+    from tarpo.engine.static_decode import StaticDecoder
 
     made, init = [], StaticDecoder.__init__
 

@@ -10,10 +10,10 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from tarpo import paper
+from tarpo.evaluation import paper
 from tarpo.cli import main as cli
-from tarpo.metrics import ci95
-from tarpo.tables import build, latex, load_results, markdown
+from tarpo.evaluation.metrics import ci95
+from tarpo.evaluation.tables import build, latex, load_results, markdown
 
 from helpers import COUNTS, DATA, eval_args, needs_data
 

@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from tarpo.tag_automaton import build, step, tokenizer_pieces
-from tarpo.tagging import TagTracker
+from tarpo.engine.tag_automaton import build, step, tokenizer_pieces
+from tarpo.engine.tagging import TagTracker
 from tarpo.tiny import bpe_tokenizer, char_tokenizer
 
 TAGS = ["####", "```python"]

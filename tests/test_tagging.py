@@ -1,4 +1,4 @@
-from tarpo.tagging import TagTracker, token_piece_fn
+from tarpo.engine.tagging import TagTracker, token_piece_fn
 
 PIECES = ["a", "#", "##", "###", "####", " ", "b####c", "\n"]
 

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from helpers import COUNTS, DATA, needs_data
-from tarpo.tasks import TASKS, DataError, answer_tag, load_task, system_prompts
+from tarpo.tasks.registry import TASKS, DataError, answer_tag, load_task, system_prompts
 
 
 @needs_data

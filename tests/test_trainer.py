@@ -6,9 +6,8 @@ import torch
 from transformers import TrainerCallback
 
 from helpers import letter_reward, make_args, make_dataset
-from tarpo.config import TarpoConfig
-from tarpo.router import Router
-from tarpo.trainer import TarpoTrainer, encode_prompts
+from tarpo.engine.router import Router
+from tarpo.training.trainer import TarpoTrainer, encode_prompts
 
 
 def test_training_changes_every_trainable_parameter_only(model, tokenizer, tmp_path):
@@ -88,7 +87,7 @@ def test_checkpoint_resume_continues_the_run_exactly(tokenizer, tmp_path):
         return trainer
 
     full = run(4, out="full")
-    part = run(2, out="part")
+    run(2, out="part")
     ckpt = tmp_path / "part" / "checkpoint-2"
     assert {"router.safetensors", "adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
             "rng_state.pth"} <= set(os.listdir(ckpt))
@@ -134,7 +133,7 @@ def test_invalid_config_raises_naming_the_field(tmp_path, bad, match):
 
 
 def test_saved_adapter_and_router_load_back(tokenizer, tmp_path):
-    from tarpo.modeling import load_trained
+    from tarpo.models.loading import load_trained
     from tarpo.tiny import tiny_causal_lm
 
     base_dir = tmp_path / "base"
@@ -162,7 +161,7 @@ def test_passed_peft_model_uses_disabled_adapter_as_reference(tokenizer, tmp_pat
     from peft import get_peft_model
 
     from tarpo.tiny import tiny_causal_lm
-    from tarpo.modeling import lora_config
+    from tarpo.models.loading import lora_config
     args = make_args(tmp_path, max_steps=1)
     peft_model = get_peft_model(tiny_causal_lm(tokenizer), lora_config(args))
     trainer = TarpoTrainer(model=peft_model, reward_funcs=letter_reward, args=args,
@@ -176,7 +175,7 @@ def test_a_training_run_compiles_one_decode_graph_whatever_its_prompt_lengths(to
     one compiled graph, though each step's prompt has another length (cache buckets of 64 apart)."""
     from torch._dynamo.utils import counters
 
-    from tarpo import trainer as trainer_module
+    from tarpo.training import trainer as trainer_module
     from tarpo.tiny import tiny_causal_lm
 
     torch._dynamo.reset()
@@ -203,11 +202,11 @@ def test_a_training_run_compiles_one_decode_graph_whatever_its_prompt_lengths(to
 def test_engine_auto_on_the_cpu_times_the_first_rollout_then_picks_by_cost(tokenizer, tmp_path, monkeypatch,
                                                                            eager_step_s, engine):
     """ENGINE=auto on the CPU: the first rollout runs eagerly and is timed; the others use the engine
-    whose cost the remaining decode steps repay (tarpo/engine_choice.py), written down with why."""
+    whose cost the remaining decode steps repay (tarpo/engine/engine_choice.py), written down with why."""
     import json
 
-    from tarpo import engine_choice
-    from tarpo import trainer as trainer_module
+    from tarpo.engine import engine_choice
+    from tarpo.training import trainer as trainer_module
     from tarpo.tiny import tiny_causal_lm
 
     args = make_args(tmp_path, rollout_engine="auto", max_steps=3, max_completion_length=8)
@@ -231,7 +230,7 @@ def test_engine_auto_on_the_cpu_times_the_first_rollout_then_picks_by_cost(token
 
 
 def test_engine_choice_on_the_cpu_weighs_the_compile_against_the_decode_time_it_saves():
-    from tarpo.engine_choice import COMPILE_BASE_S, COMPILE_PER_LAYER_S, COMPILED_SPEEDUP, RunEngine, cpu_choice
+    from tarpo.engine.engine_choice import COMPILE_BASE_S, COMPILE_PER_LAYER_S, COMPILED_SPEEDUP, RunEngine, cpu_choice
 
     compile_s = COMPILE_BASE_S + 4 * COMPILE_PER_LAYER_S
     breakeven = compile_s / (1 - 1 / COMPILED_SPEEDUP) / 0.01  # decode steps of 10 ms that repay the compile

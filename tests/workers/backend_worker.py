@@ -20,7 +20,7 @@ The file (``torch.save``) holds:
 - ``loss``, ``grads``: the TARPO loss of a synthetic recorded batch and the gradients of every
   LoRA B matrix (the adapter's A and B both trained, as the trainer does);
 - ``changed``: for one real ``TarpoTrainer`` step on the launchers' model path
-  (:func:`tarpo.modeling.training_policy`), whether each trainable tensor changed.
+  (:func:`tarpo.models.loading.training_policy`), whether each trainable tensor changed.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def prepare(root: str, config: dict, dtype) -> tuple[str, str]:
     b0 = [0, 0] (about half the steps soft). Returns ``(model_dir, adapter_dir)``."""
     from peft import LoraConfig, get_peft_model
 
-    from tarpo.router import Router
+    from tarpo.engine.router import Router
     from tarpo.tiny import random_model_dir
     base = random_model_dir(os.path.join(root, "base"), config, dtype)
     model = load_base(base, dtype)
@@ -73,15 +73,15 @@ def fixed_batch(vocab: int, device):
 
 
 def hidden_and_logits(backbone, ids, mask):
-    from tarpo.backbone import positions_from_mask
+    from tarpo.engine.backbone import positions_from_mask
     with torch.no_grad():
         hidden = backbone.hidden(backbone.embed_weight[ids], mask, positions_from_mask(mask))[mask.bool()]
         return hidden.float().cpu(), backbone.logits(hidden).float().cpu()
 
 
 def rollout(backbone, router, tok, ids, mask, steps):
-    from tarpo.rollout import RolloutSpec, hybrid_generate
-    from tarpo.tagging import token_piece_fn
+    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+    from tarpo.engine.tagging import token_piece_fn
     spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing="learned")
     gen = torch.Generator(ids.device).manual_seed(0)
     r = hybrid_generate(backbone, router, ids, mask, spec, token_piece_fn(tok), [tok.eos_token_id],
@@ -90,8 +90,8 @@ def rollout(backbone, router, tok, ids, mask, steps):
 
 
 def teacher_forced(backbone, router, record, device):
-    from tarpo.rollout import Rollout
-    from tarpo.scoring import score_rollout
+    from tarpo.engine.rollout import Rollout
+    from tarpo.training.scoring import score_rollout
     r = Rollout(**{k: v.to(device) for k, v in record.items()})
     with torch.no_grad():
         s = score_rollout(backbone, router, None, r, temperature=0.5, chunk_size=256, use_router=True,
@@ -100,8 +100,8 @@ def teacher_forced(backbone, router, record, device):
 
 
 def loss_and_grads(model, backbone, router, device, completion: int):
-    from tarpo.objective import tarpo_loss
-    from tarpo.scoring import score_rollout
+    from tarpo.training.objective import tarpo_loss
+    from tarpo.training.scoring import score_rollout
     from tarpo.tiny import synthetic_rollout
     r = synthetic_rollout(model.config.vocab_size, 8, PROMPT_LEN, completion, 30, device)
     adv = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device)
@@ -127,8 +127,8 @@ def train_step(model_dir: str, backend: str, bf16: bool, completion: int) -> dic
     import datasets
 
     from tarpo.config import TarpoConfig
-    from tarpo.modeling import load_tokenizer, training_policy
-    from tarpo.trainer import TarpoTrainer
+    from tarpo.models.loading import load_tokenizer, training_policy
+    from tarpo.training.trainer import TarpoTrainer
 
     def reward(prompts, completions, **kw):  # spread inside every group, so advantages are nonzero
         return [float(len(c) % 7) for c in completions]
@@ -164,9 +164,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     use_checkout_patches()
-    import tarpo.trainer  # noqa: F401  (TRL's own GRPOTrainer before Unsloth can replace it)
-    from tarpo.hooks import make_backbone
-    from tarpo.modeling import load_trained
+    import tarpo.training.trainer  # noqa: F401  (TRL's own GRPOTrainer before Unsloth can replace it)
+    from tarpo.models.backends import make_backbone
+    from tarpo.models.loading import load_trained
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")

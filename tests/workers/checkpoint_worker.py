@@ -1,4 +1,4 @@
-"""Runs ``python -m tarpo.launch gsm8k`` several times, each run in a forked child that may be
+"""Runs ``python -m tarpo.runs.launch gsm8k`` several times, each run in a forked child that may be
 SIGKILLed (or hit a full disk) at a chosen point of the save sequence (tests/test_checkpoints.py).
 
     python tests/workers/checkpoint_worker.py plan.json result.json
@@ -68,13 +68,13 @@ def install(kill: str | None, enospc: str | None) -> None:
     import transformers
     from transformers.trainer_callback import TrainerState
 
-    import tarpo.graders
-    from tarpo.router import Router
+    import tarpo.tasks.graders
+    from tarpo.engine.router import Router
 
     def vowels(prompts, completions, **columns):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
-    tarpo.graders.reward_function = lambda task, *a, **k: vowels
+    tarpo.tasks.graders.reward_function = lambda task, *a, **k: vowels
 
     point = kill or enospc
     if point is None:
@@ -163,7 +163,7 @@ def run_child(env: dict, step: dict, log: str) -> str:
             os.environ.update(env)
             os.environ["RUN_NAME"] = step["run"]
             install(step.get("kill"), step.get("enospc"))
-            from tarpo.launch import main
+            from tarpo.runs.launch import main
             code = main(["gsm8k"])
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (print(exc.code) or 1)
@@ -184,9 +184,9 @@ def main(plan_path: str, result_path: str) -> None:
     import transformers  # noqa: F401
     import trl  # noqa: F401
 
-    import tarpo.launch  # noqa: F401
-    import tarpo.modeling  # noqa: F401
-    import tarpo.trainer  # noqa: F401
+    import tarpo.runs.launch  # noqa: F401
+    import tarpo.models.loading  # noqa: F401
+    import tarpo.training.trainer  # noqa: F401
 
     with open(plan_path) as f:
         plan = json.load(f)

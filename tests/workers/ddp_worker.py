@@ -6,7 +6,7 @@ reference router to ``<out>/ref-router-rank<r>.pt``.
     python tests/workers/ddp_worker.py d1 --grad-accum 2                      # one process
     ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 tests/workers/ddp_worker.py d2
 
-``--direct-forward`` restores the defect issue #15 names: the training forward calls the decoder
+``--direct-forward`` restores a defect (docs/several-gpus.md): the training forward calls the decoder
 directly instead of through the module accelerate wrapped, so DDP never all-reduces a gradient.
 """
 
@@ -21,10 +21,10 @@ import datasets  # noqa: E402
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from tarpo import trainer as trainer_module  # noqa: E402
+from tarpo.training import trainer as trainer_module  # noqa: E402
 from tarpo.config import TarpoConfig  # noqa: E402
 from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
-from tarpo.trainer import TarpoTrainer  # noqa: E402
+from tarpo.training.trainer import TarpoTrainer  # noqa: E402
 
 
 def letter_reward(prompts, completions, **kwargs):

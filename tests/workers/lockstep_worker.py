@@ -17,10 +17,10 @@ from accelerate import PartialState  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/ (helpers)
 from helpers import BiasedBackbone, decode_kwargs, encode_prompts  # noqa: E402
 
-from tarpo import static_decode  # noqa: E402
-from tarpo.distributed import any_rank  # noqa: E402
-from tarpo.rollout import RolloutSpec, hybrid_generate  # noqa: E402
-from tarpo.router import Router  # noqa: E402
+from tarpo.engine import static_decode  # noqa: E402
+from tarpo.training.distributed import any_rank  # noqa: E402
+from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.router import Router  # noqa: E402
 from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 
 

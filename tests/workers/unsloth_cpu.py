@@ -80,14 +80,14 @@ def install() -> None:
 
 
 def load_trained(base: str, adapter: str, max_seq_length: int = 256):
-    """:func:`tarpo.modeling.load_trained`'s Unsloth branch on the CPU (which ``resolve_backend``
+    """:func:`tarpo.models.loading.load_trained`'s Unsloth branch on the CPU (which ``resolve_backend``
     refuses without CUDA): Unsloth's loader in fp32, the saved adapter, ``tarpo.patches``."""
     import unsloth  # noqa: F401
     from peft import PeftModel
 
     from tarpo import patches
-    from tarpo.modeling import load_tokenizer, load_unsloth
-    from tarpo.router import Router
+    from tarpo.models.loading import load_tokenizer, load_unsloth
+    from tarpo.engine.router import Router
     install()
     model = PeftModel.from_pretrained(load_unsloth(base, max_seq_length, "float32"), adapter)
     patches.apply(model)

@@ -22,16 +22,16 @@ from checkout import use_checkout_patches  # noqa: E402
 
 def main(model_dir, adapter, out, repeated):
     use_checkout_patches()
-    import tarpo.trainer  # noqa: F401  (TRL's own GRPOTrainer before Unsloth can replace it)
+    import tarpo.training.trainer  # noqa: F401  (TRL's own GRPOTrainer before Unsloth can replace it)
     import unsloth  # noqa: F401
     import unsloth.models.llama as unsloth_llama
 
     import unsloth_cpu
     from backend_worker import fixed_batch
-    from tarpo.hooks import UNSLOTH_DECODE_BUFFERS, UnslothBackbone, make_backbone
+    from tarpo.models.backends import UNSLOTH_DECODE_BUFFERS, UnslothBackbone, make_backbone
     from tarpo.patches import grouped_decode
-    from tarpo.rollout import RolloutSpec, hybrid_generate
-    from tarpo.tagging import token_piece_fn
+    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+    from tarpo.engine.tagging import token_piece_fn
 
     if repeated:
         grouped_decode.decode_function = lambda: unsloth_llama.LlamaModel_fast_forward_inference

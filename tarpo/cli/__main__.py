@@ -1,0 +1,8 @@
+"""``python -m tarpo.cli <subcommand>``: the ``tarpo`` command without its console script."""
+
+import sys
+
+from . import main
+
+if __name__ == "__main__":  # a worker process that re-imports the main module runs nothing
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The rollout: backbone, router, sampling, the decode step, the two engines."""

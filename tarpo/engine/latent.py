@@ -1,0 +1,146 @@
+"""The latent-input baselines of docs/algorithm.md §3 that share TARPO's engine: HRPO and Soft Tokens.
+
+Both act at every thinking step (the answer phase stays hard) and both keep the sampled
+token ``v_t`` as the step's placeholder, like TARPO's soft steps.
+
+**HRPO** (gated blend, :class:`HrpoGate`)::
+
+    u_t = a ⊙ e + sqrt(1 - a² + 1e-8) ⊙ (i ⊙ m)
+    a   = exp(-c · softplus(-Λ) ⊙ r),   r = σ(W_r e + b_r),   i = σ(W_i e + b_i),   c = 8
+
+with ``e = E(v_t)`` the sampled token's embedding. The default mixture is HRPO's own
+(``mixture="full"``, HRPO's ``transformers/generation/utils.py`` of its sampling loop)::
+
+    m = (p · E) / ‖p‖₂,   p = softmax(filter(z_t / T_s))
+
+over the full vocabulary, ``p`` being the distribution ``v_t`` was sampled from (the token
+policy with its top-k / top-p filters): one [n, V] x [V, d] product per step, the cost of
+an lm_head. The rollout records ``m`` (``Rollout.soft_inputs``) and the training forward
+recomputes the gate from it, as HRPO's trainer does with its recorded ``thinking_embeds``.
+``mixture="top_k"`` is this project's earlier reading: the top-k mixture of
+:mod:`tarpo.engine.mixture` rescaled to the norm of ``e``.
+
+Initialisation follows HRPO: ``W_r, W_i ~ N(0, initializer_range)`` with zero biases (the
+model's ``_init_weights`` for a ``Linear``), and Λ such that ``a_min = exp(-c softplus(-Λ))``
+is uniform in [0.99, 0.999]; as ``r < 1``, ``a > a_min``: training starts from inputs that
+are at least 99% token embedding. The token ``v_t`` was fed (blended), so its log-prob
+stays in the policy gradient at every step.
+
+**Soft Tokens** (Gaussian reparameterisation, :class:`GaussianSoftTokens`)::
+
+    u_t = p_t^T E + ε_t,   ε_t ~ N(0, σ² I),   σ = 0.33 · rms(E),   p_t = softmax(z_t / T_s)
+
+over the full vocabulary. The rollout records ``u_t``; the policy-gradient term of such a
+step is the Gaussian log-likelihood ``log N(u_t; p_θ,t^T E, σ² I)`` of the recorded input
+under the current policy's mean (REINFORCE on the noise).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..routing import HRPO_MIXTURES
+
+HRPO_WEIGHTS = "hrpo_gate.safetensors"
+
+
+HRPO_EPS = 1e-8  # inside the square root, as HRPO's ``thinking_residual``
+
+
+class HrpoGate(nn.Module):
+    """HRPO's gate; parameters in fp32 (like the router), applied to soft (thinking) rows.
+
+    ``mixture`` says which mixture ``m`` the gate blends (module docstring): ``"full"``, HRPO's
+    ``(p · E) / ‖p‖₂`` built by :func:`tarpo.engine.mixture.normalised_full_mixture` and used as it is,
+    or ``"top_k"``, the top-k mixture rescaled here to ``‖e‖``. It is saved with the weights, so
+    evaluation blends the mixture training used.
+    """
+
+    def __init__(self, hidden_size: int, c: float = 8.0, a_range=(0.99, 0.999), seed: int | None = 0,
+                 init_std: float = 0.02, mixture: str = "full"):
+        super().__init__()
+        if mixture not in HRPO_MIXTURES:
+            raise ValueError(f"HrpoGate mixture={mixture!r}: must be one of {HRPO_MIXTURES}")
+        self.c = float(c)
+        self.mixture = mixture
+        self.r = nn.Linear(hidden_size, hidden_size, dtype=torch.float32)
+        self.i = nn.Linear(hidden_size, hidden_size, dtype=torch.float32)
+        self.lam = nn.Parameter(torch.zeros(hidden_size, dtype=torch.float32))
+        self.reset(a_range, seed, init_std)
+
+    @torch.no_grad()
+    def reset(self, a_range, seed, init_std: float = 0.02) -> None:
+        """W_r, W_i ~ N(0, init_std), zero biases (the model's ``_init_weights`` for a Linear, with
+        ``init_std`` its ``initializer_range``); Λ from a_min ~ U(a_range)."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        for linear in (self.r, self.i):
+            linear.weight.copy_(torch.empty(linear.weight.shape).normal_(0.0, init_std, generator=gen))
+            linear.bias.zero_()
+        a_min = torch.empty(self.lam.shape).uniform_(*a_range, generator=gen)
+        # softplus(-Λ) = -ln(a_min)/c  =>  Λ = -log(expm1(-ln(a_min)/c))  (HRPO: -log(a_min^(-1/c) - 1))
+        self.lam.copy_(-torch.log(torch.expm1(-torch.log(a_min) / self.c)))
+
+    def blend_weight(self, e: torch.Tensor) -> torch.Tensor:
+        """``a`` for token embeddings ``e`` [..., d] (fp32)."""
+        r = torch.sigmoid(self.r(e.float()))
+        return torch.exp(-self.c * nn.functional.softplus(-self.lam) * r)
+
+    def forward(self, e: torch.Tensor, mixture: torch.Tensor) -> torch.Tensor:
+        """The blended input for token embeddings ``e`` and mixtures ``m``, both [..., d]."""
+        e32, m32 = e.float(), mixture.float()
+        if self.mixture == "top_k":
+            m32 = m32 * (e32.norm(dim=-1, keepdim=True) / m32.norm(dim=-1, keepdim=True).clamp(min=1e-12))
+        a = self.blend_weight(e32)
+        gate_i = torch.sigmoid(self.i(e32))
+        return (a * e32 + torch.sqrt(1 - a * a + HRPO_EPS) * (gate_i * m32)).to(e.dtype)
+
+    def save(self, directory: str) -> None:
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
+                  f"{directory}/{HRPO_WEIGHTS}", metadata={"c": str(self.c), "mixture": self.mixture})
+
+    @classmethod
+    def load(cls, directory: str, device=None) -> "HrpoGate":
+        path = f"{directory}/{HRPO_WEIGHTS}"
+        state = load_file(path)
+        from safetensors import safe_open
+        with safe_open(path, "pt") as f:
+            meta = f.metadata()
+        # a gate saved before the mixture was recorded was trained with the top-k mixture
+        gate = cls(state["lam"].shape[0], c=float(meta["c"]), seed=None, mixture=meta.get("mixture", "top_k"))
+        gate.load_state_dict(state)
+        return gate.to(device) if device is not None else gate
+
+
+class GaussianSoftTokens:
+    """Soft Tokens' noisy full mixture; ``sigma = scale * rms(E)`` fixed at construction."""
+
+    def __init__(self, embedding: torch.Tensor, scale: float = 0.33):
+        self.sigma = float(scale * embedding.detach().float().pow(2).mean().sqrt())
+
+    @staticmethod
+    def mean(scaled_logits: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        """``softmax(z / T_s) @ E`` for already tempered logits [..., V] -> [..., d] (fp32 result;
+        the product runs in ``E``'s dtype, so no fp32 copy of ``E`` is made)."""
+        return (torch.softmax(scaled_logits.float(), dim=-1).to(embedding.dtype) @ embedding).float()
+
+    @classmethod
+    def input(cls, scaled_logits, embedding, sigma: float, noise: torch.Tensor) -> torch.Tensor:
+        """``u_t = mean + sigma * noise`` for pre-drawn standard normals ``noise`` [..., d] (what the
+        decode step, :mod:`tarpo.engine.step`, feeds and records)."""
+        return cls.mean(scaled_logits, embedding) + sigma * noise
+
+    def sample(self, scaled_logits, embedding, generator=None) -> torch.Tensor:
+        """:meth:`input` with this ``sigma`` and normals drawn from ``generator``."""
+        shape = (*scaled_logits.shape[:-1], embedding.shape[1])
+        noise = torch.randn(shape, device=scaled_logits.device, generator=generator, dtype=torch.float32)
+        return self.input(scaled_logits, embedding, self.sigma, noise)
+
+    def log_likelihood(self, inputs: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """``log N(inputs; mean, sigma² I)`` per row [..., d] -> [...], constant included."""
+        d = inputs.shape[-1]
+        sq = (inputs.float() - mean.float()).pow(2).sum(-1)
+        return -sq / (2 * self.sigma ** 2) - d * (math.log(self.sigma) + 0.5 * math.log(2 * math.pi))

@@ -1,0 +1,247 @@
+"""The rollout of docs/algorithm.md §1: :func:`hybrid_generate`, and its eager engine.
+
+At step t every live row samples a token ``v_t ~ pi(.|s_t)``. While a row is thinking,
+a routing rule picks ``d_t``: hard feeds ``E(v_t)`` next, soft feeds the top-k mixture
+(:mod:`tarpo.engine.mixture`, the same functions the trainer uses). Once the answer tag has been
+emitted, or at EOS, inputs are hard and no decision is made. The step itself is
+:func:`tarpo.engine.step.hybrid_step`, shared by the two engines: the eager one here (one batched
+forward per step on a dynamic KV cache, finished rows dropped) and the compiled one
+(:mod:`tarpo.engine.static_decode`).
+
+Which steps carry a router decision: a step's decision builds the *next* input, so it
+is recorded exactly when a next input exists and the row is still thinking after
+``v_t``: not at the step that completes the tag, not at EOS, not at the last allowed
+step. ``Rollout.decided`` marks those steps; they are the thinking steps of the
+objective (L_act, the action KL and delta_t).
+
+The baselines of docs/algorithm.md §3 are routings of the same loop: ``hrpo`` and ``soft_tokens`` go
+soft at every thinking step and change what a soft step feeds (``latent``: HRPO's gate,
+or Soft Tokens' noisy full mixture); a full-vocabulary mixture (Soft Tokens', and HRPO's
+own ``(p · E) / ‖p‖₂``) is recorded in ``soft_inputs``. ``entropy`` routing thresholds the
+entropy of ``softmax(z_t / entropy_temperature)``; by default ``entropy_temperature`` = 1,
+the model's own token distribution, whatever the sampling temperature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+
+import torch
+from transformers import DynamicCache
+
+from ..config import ENGINES, default
+from ..routing import ROUTINGS, TOP_K, routing_rule
+from . import tag_automaton
+from .backbone import Backbone, decodes_on_its_own_path, positions_from_mask
+from .grouped_attention import grouped_decode_attention_on
+from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
+from .sampling import row_keys
+from .static_decode import compiled_generate
+from .step import StepSettings, hybrid_step, new_state, step_gate
+
+__all__ = ["RolloutSpec", "Rollout", "hybrid_generate", "resolve_engine", "engine_for_backend",
+           "decodes_on_its_own_path", "release_cache"]
+
+
+@dataclass
+class RolloutSpec:
+    """Decode settings, defaults those of :class:`tarpo.config.TarpoConfig`; :meth:`from_config`
+    reads them from a config."""
+
+    max_new_tokens: int
+    temperature: float = default("temperature")
+    top_k: int = default("top_k")
+    top_p: float = default("top_p")
+    soft_top_k: int = default("soft_top_k")
+    routing: str = default("routing")
+    entropy_threshold: float = default("entropy_threshold")
+    entropy_temperature: float = default("entropy_temperature")  # routing ``entropy``: the entropy of softmax(z_t / this)
+    router_greedy: bool = False
+    greedy: bool = False  # argmax tokens (evaluation's greedy accuracy)
+    answer_tag: str = default("answer_tag")
+    compact_finished_rows: bool = True  # eager engine only; the compiled one keeps a fixed batch
+    # compiled engine: the run's shape, so that it compiles once per run (docs/rollout-engines.md)
+    max_prompt_length: int | None = None  # the prompt budget its cache is sized for (None: this batch's prompts)
+    batch_size: int | None = None         # rows it decodes; a smaller batch is padded (None: this batch's rows)
+    engine: str = "eager"  # "eager" (the reference, any backbone), "compiled" (tarpo.engine.static_decode) or "auto"
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"RolloutSpec.engine={self.engine!r}: must be one of {ENGINES}")
+        routing_rule(self.routing, "RolloutSpec.routing")
+        if self.entropy_temperature <= 0:
+            raise ValueError(f"RolloutSpec.entropy_temperature={self.entropy_temperature!r}: must be > 0")
+
+    @classmethod
+    def from_config(cls, config, **overrides) -> "RolloutSpec":
+        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy", "engine", "batch_size"}
+        kwargs = {n: getattr(config, n) for n in names}
+        kwargs["max_new_tokens"] = config.max_completion_length
+        kwargs["engine"] = config.rollout_engine
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+
+def resolve_engine(engine: str, backbone) -> str:
+    """``"auto"`` -> ``"compiled"`` for a backbone on CUDA that feeds ``inputs_embeds`` to the
+    transformers decoder; ``"eager"`` on the CPU, where compiling the step costs more than short
+    runs save (docs/rollout-engines.md), and for a backbone with its own decode path."""
+    if engine != "auto":
+        return engine
+    on_cuda = backbone.embed_weight.device.type == "cuda"
+    return "compiled" if on_cuda and not decodes_on_its_own_path(backbone) else "eager"
+
+
+def engine_for_backend(engine: str, backend: str, setting: str = "rollout_engine", cuda: bool | None = None) -> str:
+    """The engine a run will use, known before the model loads (``backend``: ``hf`` or ``unsloth``,
+    as :func:`tarpo.models.loading.resolve_backend` returns; ``cuda``: whether it runs on a GPU, default:
+    whether this machine has one); a compiled engine on Unsloth is refused, naming ``setting``.
+
+        >>> [engine_for_backend("auto", b, cuda=True) for b in ("hf", "unsloth")], engine_for_backend("auto", "hf", cuda=False)
+        (['compiled', 'eager'], 'eager')
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"{setting}={engine!r}: must be one of {', '.join(ENGINES)}")
+    if backend == "unsloth" and engine == "compiled":
+        raise ValueError(f"{setting}=compiled runs the transformers decoder with a static cache; Unsloth replaces "
+                         "that decoder process-wide: use the eager engine (Unsloth's decode path) or the hf backend")
+    if engine != "auto":
+        return engine
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    return "compiled" if cuda and backend != "unsloth" else "eager"
+
+
+@torch.no_grad()
+def hybrid_generate(
+    backbone: Backbone,
+    router,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    spec: RolloutSpec,
+    piece,
+    eos_token_ids,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+    latent=None,
+    noise_seed: int | None = None,
+    row_ids: torch.Tensor | None = None,
+    lockstep=None,
+) -> Rollout:
+    """Decode a batch of left-padded prompts with per-step hard/soft inputs.
+
+    ``spec.engine`` picks the engine: ``"eager"``, this module's loop, the reference;
+    ``"compiled"``, :mod:`tarpo.engine.static_decode` (the transformers backend only); ``"auto"``,
+    compiled where the backbone feeds ``inputs_embeds`` to the transformers decoder, else eager
+    (:func:`resolve_engine`).
+
+    Args:
+        backbone: the policy (:class:`Backbone`).
+        router: a :class:`tarpo.engine.router.Router`; needed only for ``learned`` routing.
+        piece: token id -> text, from which the answer-tag automaton is built (:func:`tagging.token_piece_fn`).
+        eos_token_ids: ids that end a row.
+        generator: optional RNG; ``None`` uses torch's global stream like ``generate``.
+        noise_seed: draw every step's randomness as keyed noise (:func:`tarpo.engine.sampling.step_uniforms`)
+            of this seed and each row's id: both engines then draw the same trajectory, and a row
+            the same whatever batch or process decodes it. The compiled engine always draws this
+            way; without ``noise_seed`` it takes its seed from ``generator`` (or torch's stream).
+            The eager engine without it samples with ``torch.multinomial``, as ``generate`` does.
+        row_ids: the rows' global ids for keyed noise ([B] long; default 0..B-1), e.g. offset by
+            the rank's share of a batch split across processes.
+        lockstep: for models sharded across processes (every rank must make the same decoder
+            calls): a function ``any_rank(flag: bool) -> bool``; ranks then decode until no
+            rank has a running row, finished rows riding along (:func:`tarpo.training.distributed.any_rank`).
+        latent: :class:`tarpo.engine.latent.HrpoGate` (routing ``hrpo``) or
+            :class:`tarpo.engine.latent.GaussianSoftTokens` (routing ``soft_tokens``).
+    """
+    r = ROUTINGS[spec.routing]
+    if r.router and router is None:
+        raise ValueError(f"routing={spec.routing!r} needs a router")
+    if r.soft_input != TOP_K and latent is None:
+        raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise)")
+    engine = resolve_engine(spec.engine, backbone)
+    keys = None
+    if engine == "compiled" or noise_seed is not None:
+        if noise_seed is None:
+            noise_seed = int(torch.randint(2 ** 62, (), generator=generator,
+                                           device=generator.device if generator is not None else "cpu"))
+        if row_ids is None:
+            row_ids = torch.arange(prompt_ids.shape[0])
+        keys = row_keys(noise_seed, row_ids.to(prompt_ids.device))
+    if engine == "compiled":
+        return compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids,
+                                 pad_token_id, keys, latent, lockstep)
+    compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
+    cache = DynamicCache(config=backbone.config)
+    try:
+        with backbone.decoding(), _grouped_attention(backbone):
+            return _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
+                           generator, latent, compact, keys, lockstep, cache)
+    finally:
+        release_cache(cache)
+
+
+def release_cache(cache: DynamicCache) -> None:
+    """Drop the K/V tensors of a rollout's cache, so that none outlives the rollout, also when it
+    ended in an error (whose traceback keeps the decode loop's frame, and the cache, alive)."""
+    cache.layers.clear()
+
+
+def _grouped_attention(backbone):
+    """The eager engine's decode steps through :func:`tarpo.engine.grouped_attention.grouped_decode_attention`
+    where the model runs transformers' SDPA attention: with left padding that path copies K/V once
+    per query head at every step (``repeat_kv``), the grouped one reads the cache as it is. Other
+    attention implementations, and backbones with their own decode path (Unsloth's,
+    ``tarpo.patches.grouped_decode``), are left as they are (docs/rollout-engines.md)."""
+    if not getattr(backbone, "transformers_decode", True) or backbone.config._attn_implementation != "sdpa":
+        return contextlib.nullcontext()
+    return grouped_decode_attention_on(backbone.config)
+
+
+def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id, generator,
+            latent, compact, keys, lockstep, cache) -> Rollout:
+    """The eager engine: :func:`tarpo.engine.step.hybrid_step` on the rows still running, a dynamic cache."""
+    device = prompt_ids.device
+    B, T, E = prompt_ids.shape[0], spec.max_new_tokens, backbone.embed_weight
+    c = StepSettings.of(spec, pad_token_id, latent)
+    gate = step_gate(spec.routing, latent)
+    eos = torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=device)
+    next_tag, hit_tag = tag_automaton.tables(piece, spec.answer_tag, backbone.lm_head.weight.shape[0], device)
+    rec = new_records(B, T, spec.soft_top_k, E.shape[1] if c.full_mix else 0, pad_token_id, device)
+    ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
+
+    # The running sub-batch: `rows` maps its positions to the batch's rows. Without compaction it
+    # keeps rows that ended, which the step ignores (state["alive"] False).
+    rows, state = torch.arange(B, device=device), new_state(B, device)
+    mask = prompt_mask.long()
+    pos = positions_from_mask(mask)
+    hidden = backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
+    next_pos = pos[:, -1] + 1
+    steps = 0
+    for t in range(T):
+        steps = t + 1
+        out = hybrid_step(c, backbone, router, gate, hidden, state, t, keys, generator, next_tag, hit_tag, eos)
+        for name, value in out.records.items():
+            rec[name][rows, t] = value
+        state, inputs, tokens = out.state, out.inputs, out.tokens
+        ended_with_eos[rows] = state["ended"]
+        alive = state["alive"]
+        if t == T - 1 or (lockstep is None and not alive.any()):
+            break
+        if lockstep is not None and (t + 1) % DONE_CHECK_EVERY == 0 and not lockstep(bool(alive.any())):
+            break
+        if compact and not alive.all():
+            keep = alive.nonzero(as_tuple=True)[0]
+            cache.reorder_cache(keep)
+            rows, mask, next_pos, inputs, tokens = rows[keep], mask[keep], next_pos[keep], inputs[keep], tokens[keep]
+            state = {name: value[keep] for name, value in state.items()}
+            keys = keys[keep] if keys is not None else None
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        hidden = backbone.hidden(inputs[:, None], mask, next_pos[:, None], cache, token_ids=tokens[:, None])[:, -1]
+        next_pos = next_pos + 1
+
+    if lockstep is not None:  # steps run for other ranks' rows recorded nothing here
+        steps = steps_that_ran(rec["completion_mask"])
+    rec = {name: value[:, :steps] for name, value in rec.items()}
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, ended_with_eos=ended_with_eos, **rec)

@@ -1,0 +1,258 @@
+"""The compiled hybrid decode engine (``RolloutSpec.engine = "compiled"``): one static-shape step.
+
+Both engines run the one decode step :func:`tarpo.engine.step.hybrid_step`. The eager engine
+(:func:`tarpo.engine.rollout.hybrid_generate` with ``engine="eager"``) calls it on a ``DynamicCache``
+that grows by ``torch.cat``, dropping finished rows and checking for the end at every step.
+This one traces it, with the records' writes and the decoder call, into one function of fixed
+shapes and no host sync (:func:`decode_step`), compiled once with ``torch.compile(fullgraph=True)``
+and, on CUDA, replayed as one captured CUDA graph::
+
+    hybrid_step (h_t -> token -> router -> next input) -> records written at step t -> decoder -> h_t+1
+
+- **Static buffers, nothing fed back.** The step reads and writes only buffers allocated once
+  per rollout (:class:`StaticDecoder`): the cache, the mask, the hidden state ``h_t``, the
+  loop state (step index, positions, tag automaton, thinking / alive / ended) and the records.
+  It returns nothing, so no tensor it produced is ever an input of the next call: a captured
+  CUDA graph replays the same kernels on the same addresses, and an output buffer that a
+  graph runtime reuses between calls cannot corrupt the trajectory (tests poison them).
+- **One shape per run.** The cache holds ``L`` positions, ``L`` = the run's prompt budget
+  (``RolloutSpec.max_prompt_length``, else this batch's prompt length) + new tokens, rounded up
+  to a multiple of :data:`CACHE_BUCKET`; the batch is padded to ``RolloutSpec.batch_size``
+  with rows that never run. So training compiles one graph, and evaluation one per task.
+  The prompt is prefilled eagerly once; the attention mask is the prompt's mask followed by
+  ones: causality hides positions not yet written.
+- **Fixed batch.** Finished rows are not dropped; they ride along and write nothing (their
+  records keep pad / False / 0, as the eager engine's). Every ``DONE_CHECK_EVERY`` steps
+  the loop looks at a flag "some row is still running" copied without blocking at the
+  previous check, and stops once it reads False.
+- **CUDA graphs** (:class:`GraphedStep`): the first step runs as compiled code (and compiles),
+  the second is captured into a ``torch.cuda.CUDAGraph`` and every later step replays it. We
+  capture by hand rather than with ``mode="reduce-overhead"``: cudagraph trees free a call's
+  outputs at the next call, and would re-record for every new cache address.
+- **Randomness** is keyed noise (:func:`tarpo.engine.sampling.step_uniforms`), a pure function of
+  (seed, row id, step) computed inside the graph. Given the same seed the eager engine draws
+  the same trajectory.
+- **Records** live in buffers of the full ``[B, T]`` shape, written with ``index_copy_`` at a
+  step index held as a tensor; they are cut to the steps that ran and copied out at the end.
+
+The buffers and the captured graph live for one rollout and are released when it returns, so
+the training forward that follows has the memory (docs/rollout-engines.md). The compiled step is
+shared by all rollouts; dynamo recompiles only for a new shape or setting (cache length, batch
+size, routing), and the tag tables are kept per tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import StaticCache
+
+from . import tag_automaton
+from .backbone import Backbone, decodes_on_its_own_path, positions_from_mask
+from .grouped_attention import grouped_decode_attention_on
+from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
+from .step import StepSettings, hybrid_step, new_state, step_gate
+
+CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
+RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
+# What torch.compile lowers the traced step with: inductor (the default), or a backend named by the environment
+# variable TARPO_COMPILE_BACKEND, e.g. "aot_eager": the same fullgraph trace and functionalisation, run without
+# code generation (no C++/Triton build). The test suite runs most compiled rollouts that way (tests/conftest.py).
+COMPILE_BACKEND_VARIABLE = "TARPO_COMPILE_BACKEND"
+
+
+def decode_step(backbone, router, gate, c: StepSettings, buf, rec, cache, mask, next_tag, hit_tag, eos):
+    """One decode step for every row: reads ``h_t`` and the loop state from ``buf``, writes
+    ``rec[:, t]``, then ``h_{t+1}`` and the next state back into ``buf``; returns nothing.
+
+    ``buf``: ``hidden`` [B, d], ``t`` (0-d long), ``pos`` [B] next position ids, the loop state of
+    :func:`tarpo.engine.step.new_state` and ``keys`` [B] the rows' noise keys.
+    """
+    t = buf["t"]
+    out = hybrid_step(c, backbone, router, gate, buf["hidden"], buf, t, buf["keys"], None, next_tag, hit_tag, eos)
+    index = t.view(1)
+    for name, value in out.records.items():
+        rec[name].index_copy_(1, index, value.unsqueeze(1))
+    decoded = backbone.decoder(inputs_embeds=out.inputs[:, None], attention_mask=mask,
+                               position_ids=buf["pos"][:, None], past_key_values=cache, use_cache=True)
+    for name, value in out.state.items():
+        buf[name].copy_(value)
+    buf["pos"].add_(1)
+    buf["t"].add_(1)
+    buf["hidden"].copy_(decoded.last_hidden_state[:, -1])
+
+
+_COMPILED: dict[tuple[str, str], object] = {}
+
+
+def compile_backend() -> str:
+    """The backend the step is compiled with: $TARPO_COMPILE_BACKEND, else inductor."""
+    return os.environ.get(COMPILE_BACKEND_VARIABLE) or "inductor"
+
+
+def compiled_step(device: torch.device):
+    """``decode_step`` under ``torch.compile(fullgraph=True)`` (inductor, or :func:`compile_backend`);
+    on CUDA the loop replays it as a captured graph (:class:`GraphedStep`)."""
+    key = (torch.device(device).type, compile_backend())
+    if key not in _COMPILED:
+        # One graph per setting and shape; past dynamo's default of 8 recompiles a function would
+        # quietly run eagerly: allow more, and fail loudly instead.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        _COMPILED[key] = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=key[1])
+    return _COMPILED[key]
+
+
+class GraphedStep:
+    """One decode step as a CUDA graph: call 1 runs the compiled step (compiling it, and warming
+    up on a side stream), call 2 captures it and replays the capture, every later call replays.
+
+    Capturing is sound because the step reads and writes only the rollout's static buffers,
+    which outlive the graph; capturing does not run the kernels, hence the replay right after.
+    The graph and its memory pool go with this object, at the end of the rollout.
+    """
+
+    def __init__(self, call):
+        self.call, self.graph, self.warm = call, None, False
+
+    def __call__(self) -> None:
+        if not self.warm:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.call()
+            torch.cuda.current_stream().wait_stream(side)
+            self.warm = True
+            return
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.call()
+        self.graph.replay()
+
+
+def step_runner(call, device: torch.device):
+    """What runs one step: the compiled call itself, or on CUDA its captured graph."""
+    return GraphedStep(call) if torch.device(device).type == "cuda" else call
+
+
+class _LateFlag:
+    """A bool copied to the host without blocking; read one check later, when the copy is done."""
+
+    def __init__(self):
+        self.value, self.event = None, None
+
+    def read_then_post(self, flag: torch.Tensor) -> bool | None:
+        """The flag posted at the previous check (None the first time); posts ``flag``."""
+        previous = None
+        if self.value is not None:
+            if self.event is not None:
+                self.event.synchronize()
+            previous = bool(self.value)
+        if flag.device.type == "cuda":
+            self.value = flag.to("cpu", non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.value = flag
+        return previous
+
+
+class StaticDecoder:
+    """The static buffers of one rollout: cache, mask, loop state, records (see the module doc)."""
+
+    def __init__(self, backbone: Backbone, batch: int, new_tokens: int, cache_len: int, k: int, full_mix: bool,
+                 pad_token_id: int, device):
+        B, z = batch, dict(device=device)
+        self.cache = StaticCache(config=backbone.config, max_cache_len=cache_len)
+        self.rec = new_records(B, new_tokens, k, backbone.embed_weight.shape[1] if full_mix else 0, pad_token_id,
+                               device)
+        self.mask = torch.ones(B, cache_len, dtype=torch.long, **z)
+        self.buf = dict(hidden=torch.zeros(B, backbone.config.hidden_size, dtype=backbone.embed_weight.dtype, **z),
+                        t=torch.zeros((), dtype=torch.long, **z), pos=torch.zeros(B, dtype=torch.long, **z),
+                        keys=torch.zeros(B, dtype=torch.long, **z), **new_state(B, device))
+
+
+def cache_length(prompt_len: int, new_tokens: int, prompt_budget: int | None = None) -> int:
+    """Positions of the rollout's cache: the prompt budget (else this prompt) + new tokens, rounded
+    up to a multiple of :data:`CACHE_BUCKET`.
+
+        >>> cache_length(37, 100), cache_length(37, 100, prompt_budget=1024)
+        (192, 1152)
+    """
+    return -(-(max(prompt_len, prompt_budget or 0) + new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
+
+
+def check_backbone(backbone) -> None:
+    if decodes_on_its_own_path(backbone):
+        raise ValueError(f"engine='compiled' feeds inputs_embeds to the transformers decoder with a StaticCache; "
+                         f"{type(backbone).__name__} decodes through its own path (BACKEND=unsloth): use "
+                         "engine='eager' with it")
+
+
+def check_fits(spec, prompt_ids) -> int:
+    """The batch the engine decodes (``spec.batch_size`` or this one); a prompt or a batch larger
+    than the run's shape is refused, naming the setting."""
+    B, P = prompt_ids.shape
+    if spec.max_prompt_length is not None and P > spec.max_prompt_length:
+        raise ValueError(f"prompts of {P} tokens exceed max_prompt_length={spec.max_prompt_length}, the prompt "
+                         "budget the compiled engine's cache was sized for")
+    if spec.batch_size is not None and B > spec.batch_size:
+        raise ValueError(f"a batch of {B} rows exceeds batch_size={spec.batch_size}, the compiled engine's batch")
+    return spec.batch_size or B
+
+
+@torch.no_grad()
+def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
+                      keys: torch.Tensor, latent, lockstep=None):
+    """:func:`tarpo.engine.rollout.hybrid_generate` with ``engine="compiled"`` (arguments checked there);
+    ``keys``: the rows' noise keys (:func:`tarpo.engine.sampling.row_keys`)."""
+    check_backbone(backbone)
+    device = prompt_ids.device
+    rows, P = prompt_ids.shape
+    B = check_fits(spec, prompt_ids)
+    T, E = spec.max_new_tokens, backbone.embed_weight
+    vocab = backbone.lm_head.weight.shape[0]
+    settings = StepSettings.of(spec, pad_token_id, latent)
+    gate = step_gate(spec.routing, latent)
+    engine = StaticDecoder(backbone, B, T, cache_length(P, T, spec.max_prompt_length), spec.soft_top_k,
+                           settings.full_mix, pad_token_id, device)
+    if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs
+        fill = B - rows
+        prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(fill, -1)])
+        prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(fill, -1)])
+        keys = torch.cat([keys, keys[:1].expand(fill)])
+        engine.buf["alive"][rows:] = False
+        engine.buf["thinking"][rows:] = False
+    engine.mask[:, :P] = prompt_mask
+    engine.buf["keys"].copy_(keys)
+    next_tag, hit_tag = tag_automaton.tables(piece, spec.answer_tag, vocab, device)
+    eos = torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=device)
+
+    with backbone.decoding(), grouped_decode_attention_on(backbone.config):
+        pos = positions_from_mask(prompt_mask.long())
+        prefill = backbone.decoder(inputs_embeds=E[prompt_ids], attention_mask=engine.mask[:, :P],
+                                   position_ids=pos, past_key_values=engine.cache, use_cache=True)
+        engine.buf["hidden"].copy_(prefill.last_hidden_state[:, -1])
+        engine.buf["pos"].copy_(pos[:, -1] + 1)
+        del prefill
+        step = compiled_step(device)
+        run = step_runner(lambda: step(backbone, router, gate, settings, engine.buf, engine.rec, engine.cache,
+                                       engine.mask, next_tag, hit_tag, eos), device)
+        flag = _LateFlag()
+        for t in range(T):
+            run()
+            if (t + 1) % DONE_CHECK_EVERY:
+                continue
+            if lockstep is not None:  # sharded model: every rank steps until no rank has a running row
+                if not lockstep(bool(engine.buf["alive"].any())):
+                    break
+            elif flag.read_then_post(engine.buf["alive"].any()) is False:
+                break
+
+    steps = steps_that_ran(engine.rec["completion_mask"][:rows])
+    rec = {name: buf[:rows, :steps].clone() for name, buf in engine.rec.items()}
+    ended = engine.buf["ended"][:rows].clone()
+    del run, engine  # the cache, buffers and captured graph go now: the training forward needs the memory
+    return Rollout(prompt_ids=prompt_ids[:rows], prompt_mask=prompt_mask[:rows], ended_with_eos=ended, **rec)

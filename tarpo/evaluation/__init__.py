@@ -1,0 +1,1 @@
+"""Sampling a trained system, metrics, trajectory files, the paper's tables, curves."""

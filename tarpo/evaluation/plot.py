@@ -1,0 +1,76 @@
+"""The paper's training curves: several runs' metrics logs overlaid, four panels over optimizer steps
+(training entropy, units per completion, reward, soft ratio), each smoothed by a moving average.
+The command: :mod:`tarpo.cli.plot`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+PANELS = [("entropy", "training entropy (nats)"), ("completions/mean_units", "training units (hard + soft)"),
+          ("reward", "training reward"), ("soft_ratio", "soft ratio")]
+
+
+def read_log(path: str) -> list[dict]:
+    """Training log records (those with a reward) of a run folder or metrics.jsonl file, one per
+    step in step order: of a step logged more than once (a resumed run trains the steps after its
+    checkpoint again; older logs may keep both), the latest. A line that is not a
+    JSON record (cut by a kill) is skipped."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no metrics log (metrics.jsonl) there")
+    latest = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "reward" in record and "step" in record:
+                latest[record["step"]] = record
+    rows = [latest[step] for step in sorted(latest)]
+    if not rows:
+        raise ValueError(f"{path}: no training steps logged")
+    return rows
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Mean of the last ``window`` values at each point (fewer at the start).
+
+    >>> moving_average([1, 2, 3, 4], 2)
+    [1.0, 1.5, 2.5, 3.5]
+    """
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_runs(runs: list[str], labels: list[str], out: str, smooth: int = 10) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    logs = [read_log(r) for r in runs]
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
+    for ax, (key, title) in zip(axes, PANELS):
+        for rows, label in zip(logs, labels):
+            pts = [(r["step"], r[key]) for r in rows if key in r]
+            if pts:
+                ax.plot([s for s, _ in pts], moving_average([v for _, v in pts], smooth), label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp.png"
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

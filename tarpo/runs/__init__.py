@@ -1,0 +1,1 @@
+"""The paper's runs: presets, the launcher, the CPU time estimate, the GPU memory plan."""

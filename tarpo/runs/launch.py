@@ -1,0 +1,361 @@
+"""What ``run_gsm8k.sh``, ``run_math.sh`` and ``run_dapo.sh`` run: ``python -m tarpo.runs.launch <dataset>``.
+
+The launcher's shell variables (and the environment) override the presets of
+:mod:`tarpo.runs.presets`; an empty variable means "the paper's value". Steps:
+
+1. resolve the configuration and check it (bad values name their variable); plan the GPU memory
+   and pick the training micro-batch (:func:`plan_memory`, docs/memory-plan.md), refusing a run
+   that cannot fit; ``DRY_RUN=1`` prints it, the last line being the configuration as one JSON object;
+2. without CUDA, estimate the run's time from a short probe of the model and print it, refusing
+   a run longer than ``CPU_MAX_HOURS`` (:mod:`tarpo.runs.cpu_estimate`);
+3. train with :class:`tarpo.training.trainer.TarpoTrainer` into the run folder (``launch_config.json``,
+   ``metrics.jsonl``, checkpoints, ``adapter/`` with the router), resuming from the newest
+   complete checkpoint there if any (:mod:`tarpo.training.checkpoints`); a finished run is a no-op;
+4. with ``EVAL=1``, evaluate the trained system on the data set's benchmarks with
+   ``tarpo eval`` into ``<run>/eval``.
+
+With ``NUM_PROCESSES`` > 1 or an ``ACCELERATE_CONFIG``, this process checks the configuration, then
+starts steps 3 and 4 each through ``accelerate launch`` (:func:`accelerate_prefix`) and waits for
+them: training runs ``-m tarpo.runs.launch <dataset>`` in every process (the main one, rank 0, alone
+writes and prints), the evaluation ``-m tarpo.cli eval`` once training has ended. One process (the
+default) trains and evaluates in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+
+from ..files import write_json_atomic
+from ..routing import ROUTINGS
+from ..training.distributed import cpu_requested
+from .presets import resolve
+
+LAUNCHED = "TARPO_LAUNCHED"  # "1" in the processes that accelerate launch starts for a launcher run
+
+
+def process_rank() -> int:
+    """This process's rank among the processes of the run (RANK, else LOCAL_RANK, as ``accelerate
+    launch`` sets them); 0 when it runs alone. Rank 0 is the main process."""
+    return int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
+
+
+def accelerate_prefix(cfg: dict) -> list[str] | None:
+    """The ``accelerate launch`` command line, up to the module it runs, that starts the run's
+    processes; None for one plain process (NUM_PROCESSES=1 and no ACCELERATE_CONFIG).
+
+    >>> accelerate_prefix({"num_processes": 2, "accelerate_config": None})[1:]
+    ['-m', 'accelerate.commands.launch', '--num_processes', '2', '--multi_gpu']
+    >>> accelerate_prefix({"num_processes": 1, "accelerate_config": None}) is None
+    True
+    """
+    n, config = cfg["num_processes"], cfg["accelerate_config"]
+    if n == 1 and config is None:
+        return None
+    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
+            *(["--config_file", config] if config else ["--multi_gpu"])]
+
+
+def training_command(cfg: dict) -> list[str] | None:
+    """The command that trains with several processes (None: this process trains)."""
+    prefix = accelerate_prefix(cfg)
+    return None if prefix is None else [*prefix, "-m", "tarpo.runs.launch", cfg["dataset"]]
+
+
+def check_processes(cfg: dict, devices: int, cpu: bool) -> None:
+    """Several processes need a CUDA device each (``devices``: this machine's count), or ``cpu``
+    (ACCELERATE_USE_CPU=true), which runs them on the CPU talking over gloo (tests, CI)."""
+    n = cfg["num_processes"]
+    if n == 1 or cpu:
+        return
+    if devices == 0:
+        raise ValueError(f"NUM_PROCESSES={n}: no CUDA device on this machine to run {n} processes on. Set "
+                         "NUM_PROCESSES=1, or ACCELERATE_USE_CPU=true to run the processes on the CPU "
+                         "(gloo; for tests, with a tiny local MODEL)")
+    if n > devices and cfg["accelerate_config"] is None:
+        raise ValueError(f"NUM_PROCESSES={n}: this machine has {devices} CUDA device(s) (one process per device; "
+                         "see CUDA_VISIBLE_DEVICES); use at most that many, or an ACCELERATE_CONFIG for several "
+                         "machines")
+
+
+def cpu_run_estimate(cfg: dict, model, tokenizer, dataset) -> float:
+    """Without CUDA: probe the loaded model (:mod:`tarpo.runs.cpu_estimate`), print the time of a step and
+    of the run, and return the run's seconds. Before any file of the run is written."""
+    from .cpu_estimate import describe, planned_steps, probe
+    from ..tasks.prompts import prompt_ids
+    t = cfg["trainer"]
+    rows = t["per_device_train_batch_size"] * t.get("gradient_accumulation_steps", 1)
+    sample = [prompt_ids(tokenizer, p, t["max_prompt_length"], i)[0] for i, p in enumerate(dataset["prompt"][:64])]
+    prompt = round(sum(map(len, sample)) / max(1, len(sample)))
+    estimate = probe(model, rows)
+    step = estimate.step_seconds(rows, prompt, t["max_completion_length"], t["beta"])
+    steps = planned_steps(t.get("max_steps", -1), t["num_train_epochs"], len(dataset), t["num_generations"],
+                          rows * cfg["num_processes"])
+    print(f"CPU estimate: {describe(step)} a step ({rows} completions of up to {t['max_completion_length']} tokens "
+          f"after prompts of ~{prompt}: decode {estimate.decode_step_s * 1000:.0f} ms a token, forward "
+          f"{estimate.forward_tok_s:.0f} tokens/s, training {estimate.train_tok_s:.0f} tokens/s), "
+          f"{steps} steps: {describe(step * steps)} (tarpo/runs/cpu_estimate.py)", flush=True)
+    return step * steps
+
+
+def check_data(cfg: dict) -> None:
+    path = cfg["data_path"]
+    if path is not None and not os.path.exists(path):
+        raise ValueError(f"DATA_PATH={path}: no such file or folder")
+    root = cfg["eval_data_dir"]
+    if root is not None and not os.path.isdir(root):
+        raise ValueError(f"EVAL_DATA_DIR={root}: no such folder")
+    if cfg["eval"] and root is not None:
+        missing = [t for t in cfg["eval_tasks"] if not os.path.exists(os.path.join(root, t))]
+        if missing:
+            raise ValueError(f"EVAL_DATA_DIR={root}: no folder for {', '.join(missing)} (EVAL=1 evaluates "
+                             f"{', '.join(cfg['eval_tasks'])})")
+
+
+def check_trainer(cfg: dict, cuda: bool) -> None:
+    """Build the trainer's configuration once, before anything is loaded or written; an invalid
+    field is reported under the launcher variable that sets it."""
+    import re
+
+    from ..config import TarpoConfig
+    from ..models.loading import resolve_backend
+    from .presets import variable_of
+    from ..engine.rollout import engine_for_backend
+    # TRL's batch checks see the whole step's completions, as they will across NUM_PROCESSES processes
+    batch = cfg["trainer"]["per_device_train_batch_size"] * cfg["num_processes"]
+    with tempfile.TemporaryDirectory() as scratch:  # nothing may appear in the run folder yet
+        try:
+            TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch,
+                           "per_device_train_batch_size": batch}, report_to="none")
+            engine_for_backend(cfg["trainer"].get("rollout_engine", "auto"), resolve_backend(cfg["backend"]), "ENGINE")
+        except ValueError as exc:
+            raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
+                                    lambda m: f"{variable_of(m[1]) or 'TarpoConfig.' + m[1]}=", str(exc))) from None
+
+
+def plan_memory(cfg: dict, cuda: bool) -> None:
+    """Plan the run's GPU memory before anything loads (:mod:`tarpo.runs.memory_plan`, docs/memory-plan.md)
+    and train in the micro-batch it picks: the largest divisor of the per-process batch whose peak fits
+    the GPU (or MICRO_BATCH), with ``BATCH / NUM_PROCESSES / micro-batch`` gradient-accumulation steps.
+    Without CUDA the plan is for an 80 GB GPU; it refuses a run only where it targets a GPU (CUDA, or
+    ``DRY_RUN=1``): a CPU run of a tiny model is told the plan, never stopped by it. Sets
+    ``cfg["memory_plan"]`` and the trainer's batch fields; the run folder keeps its BATCH name."""
+    from . import memory_plan as mp
+    from ..models.loading import resolve_backend
+    from ..engine.rollout import engine_for_backend
+
+    t, per_process, requested = cfg["trainer"], cfg["trainer"]["per_device_train_batch_size"], cfg["micro_batch"]
+    config = mp.model_config(cfg["model"], cfg["preset"])
+    if config is None:
+        micro = requested or per_process
+        result = {"skipped": f"no config.json for {cfg['model']} offline (not a preset, a local folder or in the "
+                             "hub cache): memory not planned", "micro_batch": micro}
+    else:
+        backend = resolve_backend(cfg["backend"])
+        rule = ROUTINGS[t["routing"]]
+        full_mix = rule.gaussian or (rule.gate and t.get("hrpo_mixture") == "full")
+        run = mp.Run(rows=per_process, prompt=t["max_prompt_length"], completion=t["max_completion_length"],
+                     engine=engine_for_backend(t.get("rollout_engine", "auto"), backend, "ENGINE", cuda=True),
+                     backend=backend,
+                     soft_top_k=t["soft_top_k"], full_mix=full_mix, gate=rule.gate,
+                     optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),
+                     full_kl=t.get("token_kl") == "full", checkpointing=t["gradient_checkpointing"],
+                     weight_bytes=2 if t["bf16"] else 4)
+        shapes = mp.shapes_of(config, t["lora_target_modules"], t["lora_r"])
+        import torch
+        total = torch.cuda.mem_get_info()[1] if cuda else mp.GPU_80GB
+        p = mp.choose_micro_batch(shapes, run, per_process, mp.usable_bytes(total), requested)
+        micro = p["micro_batch"]
+        result = {**{k: round(v, 2) for k, v in p.items() if k.endswith("_gib")}, "micro_batch": micro,
+                  "gpu_gib": round(total / mp.GIB, 2), "usable_gib": round(mp.usable_bytes(total) / mp.GIB, 2),
+                  "gpu": torch.cuda.get_device_name() if cuda else "none: planned for an 80 GB GPU",
+                  "engine": run.engine, "backend": backend}
+        if not p["fits"] and (cuda or cfg["dry_run"]):
+            at = f"MICRO_BATCH={requested}" if requested else "micro-batch 1"
+            change = ("set a smaller MICRO_BATCH (or leave it empty to pick one), or lower BATCH, "
+                      "MAX_COMPLETION_LENGTH or MODEL") if requested else "lower BATCH, MAX_COMPLETION_LENGTH or MODEL"
+            raise ValueError(f"{'MICRO_BATCH' if requested else 'BATCH'}: the run needs {p['peak_gib']:.1f} GiB at {at} "
+                             f"(rollout {p['rollout_gib']:.1f}, training {p['train_gib']:.1f}), more than the "
+                             f"{result['usable_gib']} GiB usable of this {result['gpu_gib']} GiB GPU: {change} "
+                             "(docs/memory-plan.md)")
+        result["fits"] = p["fits"]
+    t["per_device_train_batch_size"] = micro
+    t["gradient_accumulation_steps"] = per_process // micro
+    cfg["memory_plan"] = {**result, "gradient_accumulation_steps": per_process // micro}
+
+
+def print_config(cfg: dict) -> None:
+    for key, value in cfg.items():
+        if key != "trainer":
+            print(f"{key:>16} = {value}")
+    for key, value in cfg["trainer"].items():
+        print(f"{'trainer.' + key:>32} = {value}")
+    print(json.dumps(cfg, sort_keys=True))
+
+
+def train(cfg: dict) -> str:
+    """Train into ``cfg['run_dir']``; returns the saved adapter folder. Every process of a run calls
+    this; the main one alone writes the configuration, clears interrupted saves and prints."""
+    from ..training.callbacks import JsonlLogger
+    from ..training.checkpoints import DiskFull, finished_step, last_complete_checkpoint, remove_partial_saves, save_final
+    from ..config import TarpoConfig
+    from ..tasks.graders import reward_function
+    from ..models.loading import load_tokenizer, training_policy
+    from ..tasks.prompts import count_too_long
+    from ..tasks.registry import load_task
+    from ..training.trainer import TarpoTrainer
+    import torch
+
+    run_dir, main = cfg["run_dir"], process_rank() == 0
+    args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
+    adapter, gate = os.path.join(run_dir, "adapter"), ROUTINGS[args.routing].gate
+    done = finished_step(run_dir, args.max_steps, args.num_train_epochs, gate=gate)
+    if done is not None:  # a re-run of a finished run: nothing is loaded, trained or written
+        if main:
+            print(f"run already finished at step {done}; nothing to do ({adapter} is its adapter; raise MAX_STEPS "
+                  "to train further, or set another RUN_NAME/OUT_DIR for a new run)")
+        return adapter
+    try:
+        tokenizer = load_tokenizer(cfg["model"])
+    except OSError as exc:  # offline without the model in the hub cache, a folder without a tokenizer, ...
+        where = "" if torch.cuda.is_available() else (" On a CPU-only machine run the demo (bash run_demo.sh) or "
+                                                      "set MODEL to a small local model folder.")
+        raise ValueError(f"MODEL={cfg['model']}: cannot be loaded ({str(exc).splitlines()[0]}).{where}") from None
+    dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
+    count_too_long(tokenizer, dataset["prompt"], args.max_prompt_length)  # a prompt that cannot fit: refused now
+    model = training_policy(cfg["model"], args, cfg["backend"], "bfloat16" if args.bf16 else "float32")
+    if not torch.cuda.is_available():
+        seconds = cpu_run_estimate(cfg, model, tokenizer, dataset)
+        if seconds > cfg["cpu_max_hours"] * 3600:
+            raise ValueError(f"CPU_MAX_HOURS={cfg['cpu_max_hours']:g}: this run would take about {seconds / 3600:.1f} h "
+                             "on this CPU; lower MAX_STEPS, BATCH or MAX_COMPLETION_LENGTH, use a GPU, or raise "
+                             "CPU_MAX_HOURS")
+    os.makedirs(run_dir, exist_ok=True)
+    if main:
+        write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg)
+    trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
+                           processing_class=tokenizer,
+                           callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
+    if main:
+        for name in remove_partial_saves(run_dir):
+            print(f"removed {name}: a save that a kill or a full disk interrupted")
+    trainer.accelerator.wait_for_everyone()  # the others look for checkpoints once those are gone
+    # the newest complete checkpoint; the main process says which it skips
+    last = last_complete_checkpoint(run_dir, gate=gate, report=print if main else lambda _: None)
+    if last is not None and main:
+        print(f"resuming from {last}")
+    try:
+        trainer.train(resume_from_checkpoint=last)  # from a checkpoint at the last step: trains nothing
+        save_final(trainer, adapter)  # adapter/ appears complete, with final_state.json
+    except DiskFull as exc:
+        raise SystemExit(f"tarpo launch: error: {exc}") from None
+    return adapter
+
+
+def evaluation_args(cfg: dict, adapter: str) -> list[str]:
+    """The ``tarpo eval`` arguments that evaluate the trained system as the paper does."""
+    args = ["eval", "--model", cfg["model"], "--adapter", adapter, "--mode", cfg["eval_mode"], "--system",
+            cfg["system"], "--tasks", ",".join(cfg["eval_tasks"]), "--n", str(cfg["eval_n"]),
+            "--out", os.path.join(cfg["run_dir"], "eval"), "--seed", str(cfg["trainer"]["seed"]),
+            "--backend", cfg["backend"]]
+    for name in ("entropy_threshold", "entropy_temperature"):  # mode entropy routes as training did
+        if name in cfg["trainer"]:
+            args += [f"--{name.replace('_', '-')}", str(cfg["trainer"][name])]
+    if cfg["eval_limit"]:
+        args += ["--limit", str(cfg["eval_limit"])]
+    if cfg["eval_data_dir"]:
+        args += ["--data-dir", cfg["eval_data_dir"]]
+    return args
+
+
+def evaluate(cfg: dict, adapter: str) -> int:
+    """``tarpo eval`` in this process (one-process runs)."""
+    from ..cli import main as cli
+    return cli(evaluation_args(cfg, adapter))
+
+
+def evaluation_command(cfg: dict, adapter: str) -> list[str]:
+    """``tarpo eval`` through the run's ``accelerate launch`` prefix (runs with several processes)."""
+    return [*accelerate_prefix(cfg), "-m", "tarpo.cli", *evaluation_args(cfg, adapter)]
+
+
+def run_command(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` and return its exit status (128 + N when signal N ended it). SIGINT, SIGTERM and SIGHUP
+    sent to this process are passed on, so that stopping the launcher (a scheduler's kill) stops the
+    processes it started."""
+    print(f"tarpo launch: running {shlex.join(cmd)}", flush=True)
+    proc = subprocess.Popen(cmd, env=env)
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda sig, _frame: proc.send_signal(sig)) for sig in sigs}
+    try:
+        status = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - status if status < 0 else status
+
+
+def launch_processes(cfg: dict) -> int:
+    """Train through ``accelerate launch`` and wait for every process; then, with EVAL=1, evaluate
+    through the same prefix, once the training processes have ended and freed their devices."""
+    # every process trains in the micro-batch planned here
+    env = {**os.environ, LAUNCHED: "1", "MICRO_BATCH": str(cfg["memory_plan"]["micro_batch"])}
+    status = run_command(training_command(cfg), env)
+    if status != 0 or not cfg["eval"]:
+        return status
+    return run_command(evaluation_command(cfg, os.path.join(cfg["run_dir"], "adapter")), dict(os.environ))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m tarpo.runs.launch {gsm8k|math|dapo}   (settings come from the environment)",
+              file=sys.stderr)
+        return 2
+    import torch
+    cuda = torch.cuda.is_available()
+    main_process, launched = process_rank() == 0, os.environ.get(LAUNCHED) == "1"
+    try:
+        cfg = resolve(argv[0], dict(os.environ))
+        command = training_command(cfg)
+        cfg["launch_command"] = None if command is None else shlex.join(command)
+        cpu = cpu_requested()
+        check_data(cfg)
+        plan_memory(cfg, cuda)
+        check_trainer(cfg, cuda)
+        if not cfg["dry_run"]:
+            check_processes(cfg, torch.cuda.device_count() if cuda else 0, cpu)
+    except ValueError as exc:
+        print(f"tarpo launch: error: {exc}", file=sys.stderr)
+        return 2
+    if cfg["dry_run"]:
+        if main_process:
+            print_config(cfg)
+        return 0
+    if main_process:
+        print(f"memory plan: {json.dumps(cfg['memory_plan'])}", flush=True)
+    # this process starts the run's processes, unless it is one of them (or accelerate started it)
+    if command is not None and not launched and "LOCAL_RANK" not in os.environ:
+        return launch_processes(cfg)
+    if not cuda and not os.environ.get("BF16"):  # unset or empty: not chosen
+        cfg["trainer"]["bf16"] = False  # a tiny local model on CPU trains in fp32
+    try:
+        adapter = train(cfg)
+    except ValueError as exc:
+        print(f"tarpo launch: error: {exc}", file=sys.stderr)
+        return 2
+    if not main_process:
+        return 0
+    print(f"adapter and router saved to {adapter}")
+    if launched:  # the process that launched this one evaluates, once every process has ended
+        return 0
+    return evaluate(cfg, adapter) if cfg["eval"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""GPU memory of a run, planned before any weight loads (docs/memory-plan.md).
+
+Parameters are counted exactly: the model's transformers architecture is built from its
+config on the ``meta`` device (no weights, no GPU). Everything else is a formula over the
+run's shapes, with coefficients counted at the peak of a live-storage measurement of this
+project's own rollout and training forward/backward (tests/test_memory_plan.py checks them).
+
+A step has two peaks (the rollout batch is the whole per-process batch ``B``; training runs in
+micro-batches ``mb``; ``L = P + T``, prompt and completion lengths; ``w`` = 2 bytes, bf16):
+
+- rollout: weights + LoRA/router/optimizer + KV cache + records +
+  max(prefill of B x P tokens, one decode step's vocabulary-sized temporaries);
+- training micro-batch: the same persistent part + fp32 gradients + the rollout's records (its
+  cache and buffers are released when it returns) +
+  ``mb * L * per_token`` + max(one layer's recomputed activations, one log-prob chunk).
+
+Worked example, Qwen2.5-3B-Instruct on MATH (B = 64, P = T = 1024) at micro-batch 8, 16,384
+tokens: the 36 layers' checkpoints and the copies of the hidden state cost
+``w*d*(36 + 5) + 8*d + 2*w*128 + 3*L = 190,976`` bytes a token (2.91 GiB), then the larger of one
+recomputed layer, ``4*w*d + 6*w*11008 + 4*16 = 148,544`` bytes a token (2.27 GiB), and one log-prob
+chunk, ``16 * 1024 * 151,936`` bytes (2.32 GiB): 5.23 GiB of activations, beside 5.75 GiB of
+weights. The rollout's peak holds the 4.5 GiB KV cache (64 rows x 2,048 positions x 36 layers x
+1 KiB), released before training::
+
+    >>> s = shapes_of(preset_config("qwen2.5-3b"), ["q_proj", "k_proj", "v_proj", "o_proj"], 32)
+    >>> s.params, s.lora_params
+    (3085938688, 14745600)
+    >>> p = plan(s, Run(rows=64, prompt=1024, completion=1024), micro_batch=8)
+    >>> round(p["rollout_gib"], 1), round(p["train_gib"], 1)
+    (15.6, 11.1)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+GIB = 2 ** 30
+GPU_80GB = 79.1 * GIB      # what torch.cuda.mem_get_info reports as the total of an 80 GB A100/H100
+MARGIN = 0.04              # of the total: CUDA context, cuBLAS workspaces, allocator fragmentation
+CHUNK_BYTES = 16           # fp32 [chunk, V] tensors alive in a log-prob chunk's backward (4 of them)
+VOCAB_STEP_BYTES = 48      # per row and vocabulary entry in a decode step: 4 fp32 + 4 int64 (keyed noise)
+RECORD_BYTES = 8 + 3 + 3 * 4  # token id, three bools, p_soft / entropy / logp, per row and step (+ k ids, weights)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What the plan needs of an architecture; ``params`` counts tied embeddings once."""
+
+    params: int
+    lora_params: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class Run:
+    """The run's shapes and settings that move memory (defaults: the paper's MATH run)."""
+
+    rows: int                  # completions decoded at once by one process (BATCH / NUM_PROCESSES)
+    prompt: int                # max_prompt_length
+    completion: int            # max_completion_length
+    engine: str = "compiled"   # rollout engine: compiled (StaticCache, kept on the model) or eager
+    backend: str = "hf"        # hf or unsloth (offloads its gradient checkpoints to CPU memory)
+    soft_top_k: int = 30
+    full_mix: bool = False     # soft steps record a d-wide fp32 mixture (HRPO "full", Soft Tokens)
+    gate: bool = False         # HRPO's gate: 2 d x d fp32 maps and Λ
+    optim_8bit: bool = True    # 8-bit AdamW: 2 bytes of moments per LoRA parameter, else 8
+    chunk: int = 1024          # logprob_chunk_size
+    full_kl: bool = False      # token_kl="full": a second fp32 [chunk, V] set for the reference
+    checkpointing: bool = True
+    weight_bytes: int = 2      # bf16; 4 for an fp32 (CPU) run
+
+
+def preset_config(model: str):
+    """The transformers config of a model preset of :mod:`tarpo.runs.presets` (offline)."""
+    from transformers import AutoConfig
+
+    from .presets import MODELS
+    values = dict(MODELS[model.lower()]["config"])
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def model_config(model: str, preset: str | None = None):
+    """A preset's config, a local folder's ``config.json``, or a hub id's config from the hub
+    cache; None when none is at hand offline (the plan is then skipped)."""
+    from transformers import AutoConfig
+
+    if preset is not None:
+        return preset_config(preset)
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(model), local_files_only=True)
+    except (OSError, ValueError, json.JSONDecodeError):
+        return None
+
+
+def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
+    """Exact parameter counts of ``config``'s architecture built on the meta device, and the
+    LoRA parameters PEFT adds: ``r * (in + out)`` for every Linear named in ``lora_targets``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
+    lora = sum(lora_r * (m.in_features + m.out_features) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in set(lora_targets))
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return Shapes(params=params, lora_params=lora, layers=config.num_hidden_layers, hidden=config.hidden_size,
+                  heads=heads, kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
+                  intermediate=config.intermediate_size, vocab=config.vocab_size)
+
+
+def cache_length(run: Run) -> int:
+    """KV positions a rollout row holds: the compiled engine rounds up to its bucket."""
+    from ..engine.static_decode import CACHE_BUCKET
+    length = run.prompt + run.completion
+    return -(-length // CACHE_BUCKET) * CACHE_BUCKET if run.engine == "compiled" else length
+
+
+def persistent_bytes(s: Shapes, run: Run) -> dict:
+    """Alive the whole run: bf16 weights, fp32 LoRA + router (+ HRPO gate) and optimizer state."""
+    d = s.hidden
+    trained_fp32 = 2 * d + 2 + (2 * (d * d + d) + d if run.gate else 0)  # router, gate: fp32 Adam state
+    return {"weights": s.params * run.weight_bytes,
+            "adapter+optimizer": s.lora_params * (4 + (2 if run.optim_8bit else 8)) + trained_fp32 * (4 + 8)}
+
+
+def records_bytes(s: Shapes, run: Run) -> int:
+    """One copy of a rollout's ``[B, T]`` records (:func:`tarpo.engine.records.new_records`)."""
+    per_step = RECORD_BYTES + run.soft_top_k * (8 + 4) + (4 * s.hidden if run.full_mix else 0)
+    return run.rows * run.completion * per_step
+
+
+def rollout_bytes(s: Shapes, run: Run) -> dict:
+    """Peak of the rollout of ``run.rows`` rows, by component."""
+    w, B, P, C = run.weight_bytes, run.rows, run.prompt, cache_length(run)
+    q, kv_token = s.heads * s.head_dim, s.layers * 2 * s.kv_heads * s.head_dim * w  # K and V, every layer
+    # prefill, per prompt token: the MLP's gate/act/up (or attention's q, out and K, V repeated
+    # over the cache), four hidden-sized bf16 tensors, cos/sin, the bool mask over the cache
+    per_token = max(3 * w * s.intermediate, 2 * w * q + 2 * w * q * C // P) + 4 * w * s.hidden + 2 * w * s.head_dim + C
+    prefill = B * P * per_token + (0 if run.engine == "compiled" else B * P * kv_token)
+    # a decode step: vocabulary-sized temporaries, the top-k gather; eager: the DynamicCache's
+    # last torch.cat copy of one layer's K, and K, V repeated to every head
+    step = B * s.vocab * VOCAB_STEP_BYTES + B * run.soft_top_k * s.hidden * 4
+    if run.engine == "eager":
+        step += B * C * (2 * q + s.kv_heads * s.head_dim) * w + B * C * kv_token
+    cache = B * C * kv_token if run.engine == "compiled" else 0
+    return {**persistent_bytes(s, run), "kv_cache": cache, "prefill|decode": max(prefill, step),
+            "records": 3 * records_bytes(s, run)}  # last step's batch, the decode buffers, their cut copy
+
+
+def train_bytes(s: Shapes, run: Run, micro_batch: int) -> dict:
+    """Peak of one training micro-batch (forward, reference forward, backward), by component."""
+    w, d, L, T = run.weight_bytes, s.hidden, run.prompt + run.completion, run.completion
+    q = s.heads * s.head_dim
+    kept = s.layers if run.checkpointing and run.backend == "hf" else 1  # Unsloth offloads its checkpoints
+    if not run.checkpointing:
+        kept = s.layers * 12  # every layer's activations (no checkpointing): an estimate, not measured
+    # per token: the checkpointed layer inputs and 5 more bf16 [mb, L, d] (final norm in/out, the
+    # gradient of the hidden state, the recomputed layer's norm and residual), two fp32 RMSNorm
+    # copies, cos/sin, the attention mask (bool + bf16 bias) over L keys
+    per_token = w * d * (kept + 5) + 8 * d + 2 * w * s.head_dim + 3 * L
+    # then the larger of: one recomputed layer (q, attention out, K and V repeated to every
+    # head; the MLP's gate, act, up, act*up and two gradients; the softmax's logsumexp), one
+    # log-prob chunk (fp32 [chunk, V]), one chunk of soft inputs being mixed ([chunk, k, d], every step soft)
+    layer = micro_batch * L * (4 * w * q + 6 * w * s.intermediate + 4 * s.heads)
+    chunk = CHUNK_BYTES * (2 if run.full_kl else 1) * min(run.chunk, micro_batch * T) * s.vocab
+    mixing = min(1024, micro_batch * T) * run.soft_top_k * d * (8 + w)  # gathered rows, fp32 copy, weighted
+    # the rollout's cache and buffers are released when it returns (every engine): its records stay,
+    # once, in the trainer's buffer of the generation batch
+    return {**persistent_bytes(s, run), "gradients": s.lora_params * 4 + 4 * (2 * d + 2),
+            "rollout_left": records_bytes(s, run),
+            "activations": micro_batch * L * per_token + max(layer, chunk, mixing)}
+
+
+def plan(s: Shapes, run: Run, micro_batch: int) -> dict:
+    """Rollout and training peaks in GiB at ``micro_batch``."""
+    rollout, train = sum(rollout_bytes(s, run).values()), sum(train_bytes(s, run, micro_batch).values())
+    return {"rollout_gib": rollout / GIB, "train_gib": train / GIB, "peak_gib": max(rollout, train) / GIB,
+            "micro_batch": micro_batch}
+
+
+def usable_bytes(total: float) -> float:
+    """What the plan may fill of a GPU of ``total`` bytes."""
+    return total * (1 - MARGIN)
+
+
+def choose_micro_batch(s: Shapes, run: Run, per_process: int, usable: float, requested: int | None = None) -> dict:
+    """The plan at ``requested``, or at the largest divisor of ``per_process`` that fits in
+    ``usable`` bytes; ``fits`` False (with the plan at micro-batch 1, or at ``requested``) when none does."""
+    if requested is not None:
+        p = plan(s, run, requested)
+        return {**p, "fits": p["peak_gib"] * GIB <= usable}
+    for mb in sorted((m for m in range(1, per_process + 1) if per_process % m == 0), reverse=True):
+        p = plan(s, run, mb)
+        if p["peak_gib"] * GIB <= usable:
+            return {**p, "fits": True}
+    return {**plan(s, run, 1), "fits": False}

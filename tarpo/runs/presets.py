@@ -1,0 +1,239 @@
+"""The paper's runs as data: the one place where the launchers' defaults live (docs/algorithm.md §5).
+
+A run is a data set preset (GSM8K, MATH, DAPO-Math-17k), a model preset and an algorithm;
+:func:`resolve` merges them with user overrides into the keyword arguments of
+:class:`tarpo.config.TarpoConfig` plus the launcher's own settings.
+
+    >>> cfg = resolve("math", {})
+    >>> cfg["model"], cfg["trainer"]["action_bias"], cfg["trainer"]["num_generations"]
+    ('Qwen/Qwen2.5-3B-Instruct', [2.2, 0.0], 8)
+    >>> resolve("math", {"MODEL": "qwen2.5-7b"})["trainer"]["action_bias"]
+    [4.6, 0.0]
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..routing import ALGOS
+
+# ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
+DATASETS = {
+    "gsm8k": dict(task="gsm8k", num_generations=4, per_device_train_batch_size=32,
+                  max_prompt_length=1024, max_completion_length=1024, eval_tasks=["gsm8k"]),
+    "math": dict(task="math", num_generations=8, per_device_train_batch_size=64,
+                 max_prompt_length=1024, max_completion_length=1024,
+                 eval_tasks=["math", "amc23", "olympiadbench"]),  # MATH-500: the subset of the MATH run
+    "dapo": dict(task="dapo", num_generations=8, per_device_train_batch_size=64,
+                 max_prompt_length=1024, max_completion_length=2048,
+                 eval_tasks=["gpqa_diamond", "arc_challenge", "humaneval"]),
+}
+
+# ---- docs/algorithm.md §5, per model: router bias b0 and learning rates; ``config``: the architecture as the
+# model's published config.json gives it (hub ``<hub_id>/config.json``), for the memory plan (tarpo.runs.memory_plan)
+_QWEN = dict(model_type="qwen2", max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+MODELS = {
+    "qwen2.5-1.5b": dict(hub_id="Qwen/Qwen2.5-1.5B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
+                         router_lr=1e-4,
+                         config=dict(_QWEN, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                     num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                     tie_word_embeddings=True)),
+    "qwen2.5-3b": dict(hub_id="Qwen/Qwen2.5-3B-Instruct", action_bias=[2.2, 0.0], learning_rate=5e-6,
+                       router_lr=1e-4,
+                       config=dict(_QWEN, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                                   num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                                   tie_word_embeddings=True)),
+    "qwen2.5-7b": dict(hub_id="Qwen/Qwen2.5-7B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
+                       router_lr=1e-4,
+                       config=dict(_QWEN, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                   num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                                   tie_word_embeddings=False)),
+    "llama3.1-8b": dict(hub_id="meta-llama/Llama-3.1-8B-Instruct", action_bias=[4.6, 0.0], learning_rate=2e-6,
+                        router_lr=2e-6,
+                        config=dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
+                                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                    vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=131072,
+                                    rms_norm_eps=1e-5, rope_theta=500000.0,
+                                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                      high_freq_factor=4.0, original_max_position_embeddings=8192))),
+}
+DEFAULT_MODEL = "qwen2.5-3b"
+
+# LORA_TARGETS presets: "paper" = Table 6's query, key, value, dense; "all-linear" = the authors' released
+# scripts (TARPO's tarpo_*.py and HRPO's hrpo_*.py), which also adapt the MLP projections
+LORA_TARGET_PRESETS = {
+    "paper": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "all-linear": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+
+
+# ---- docs/algorithm.md §5 values shared by all runs: TarpoConfig's defaults (the paper's; a model without a preset
+# gets its b0 and the Qwen LRs), shown in every resolved configuration, and what the launchers set otherwise
+COMMON_FIELDS = ("learning_rate", "router_lr", "action_bias", "num_train_epochs", "beta", "alpha_action_kl",
+                 "lambda_act", "temperature", "action_temperature", "soft_top_k", "max_grad_norm", "weight_decay",
+                 "adam_beta2", "lr_scheduler_type", "warmup_steps", "lora_r", "lora_alpha", "lora_target_modules",
+                 "optim", "gradient_checkpointing", "logging_steps")
+LAUNCHER_SETTINGS = dict(bf16=True, seed=0, save_steps=100)
+
+
+def common(algo: str) -> dict:
+    """The resolved configuration's start: COMMON_FIELDS and the ALGO's routing settings (docs/algorithm.md
+    §3: each as its authors run it, which are TarpoConfig's defaults), then LAUNCHER_SETTINGS."""
+    from ..config import default  # imports TRL: only once the settings are being resolved
+
+    names = (*COMMON_FIELDS, *ALGOS[algo].settings)
+    return {**{name: default(name) for name in names}, **LAUNCHER_SETTINGS}
+
+# ---- shell variable -> (TarpoConfig field, parser); every one can be set in the launcher or the environment
+def _floats(s):
+    return [float(x) for x in s.replace("[", "").replace("]", "").split(",") if x.strip()]
+
+
+def _names(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _lora_targets(s):
+    """Module names, or a preset name.
+
+    >>> _lora_targets("all-linear")[-3:], _lora_targets("q_proj, v_proj")
+    (['gate_proj', 'up_proj', 'down_proj'], ['q_proj', 'v_proj'])
+    """
+    return list(LORA_TARGET_PRESETS[s.strip()]) if s.strip() in LORA_TARGET_PRESETS else _names(s)
+
+
+def _bool(s):
+    if s.lower() in ("1", "true", "yes"):
+        return True
+    if s.lower() in ("0", "false", "no"):
+        return False
+    raise ValueError("must be 0/1")
+
+
+VARIABLES = {
+    "SEED": ("seed", int), "GROUP_SIZE": ("num_generations", int), "BATCH": ("per_device_train_batch_size", int),
+    "LR": ("learning_rate", float), "ROUTER_LR": ("router_lr", float), "HRPO_LR": ("hrpo_lr", float),
+    "BETA": ("beta", float), "ALPHA": ("alpha_action_kl", float), "LAMBDA": ("lambda_act", float),
+    "ACTION_BIAS": ("action_bias", _floats), "ACTION_TEMPERATURE": ("action_temperature", float),
+    "TEMPERATURE": ("temperature", float), "SOFT_TOP_K": ("soft_top_k", int),
+    "ENTROPY_THRESHOLD": ("entropy_threshold", float), "ENTROPY_TEMPERATURE": ("entropy_temperature", float),
+    "HRPO_MIXTURE": ("hrpo_mixture", str), "HRPO_LAMBDA_LR": ("hrpo_lambda_lr", float),
+    "NOISE_SCALE": ("soft_tokens_noise_scale", float), "TOP_K": ("top_k", int), "TOP_P": ("top_p", float),
+    "LORA_R": ("lora_r", int), "LORA_ALPHA": ("lora_alpha", int),
+    "LORA_TARGETS": ("lora_target_modules", _lora_targets),
+    "MAX_PROMPT_LENGTH": ("max_prompt_length", int), "MAX_COMPLETION_LENGTH": ("max_completion_length", int),
+    "WEIGHT_DECAY": ("weight_decay", float), "MAX_GRAD_NORM": ("max_grad_norm", float),
+    "WARMUP": ("warmup_steps", float), "LR_SCHEDULE": ("lr_scheduler_type", str),
+    "EPOCHS": ("num_train_epochs", float), "MAX_STEPS": ("max_steps", int), "SAVE_STEPS": ("save_steps", int),
+    "BF16": ("bf16", _bool), "GRAD_CHECKPOINTING": ("gradient_checkpointing", _bool), "OPTIM": ("optim", str),
+    "ENGINE": ("rollout_engine", str),
+}
+# launcher settings (not TarpoConfig fields)
+SETTINGS = {
+    "MODEL": str, "ALGO": str, "DATA_PATH": str, "OUT_DIR": str, "RUN_NAME": str, "TRAIN_LIMIT": int,
+    "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool, "BACKEND": str,
+    "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str, "MICRO_BATCH": int, "CPU_MAX_HOURS": float,
+}
+
+
+def looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id (``org/name``).
+
+    >>> [looks_like_path(x) for x in ("Qwen/Qwen2.5-3B-Instruct", "/models/q", "./q", "~/q", "a/b/c", "q")]
+    [False, True, True, True, True, False]
+    """
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def variable_of(field: str) -> str | None:
+    """The launcher variable that sets a :class:`tarpo.config.TarpoConfig` field, if any.
+
+    >>> variable_of("learning_rate"), variable_of("output_dir")
+    ('LR', None)
+    """
+    return next((name for name, (f, _) in VARIABLES.items() if f == field), None)
+
+
+def configured_processes(path: str) -> int:
+    """The ``num_processes`` of an accelerate config file, 1 where it leaves it open; a file that
+    accelerate cannot read raises ``ValueError`` naming ACCELERATE_CONFIG."""
+    if not os.path.isfile(path):
+        raise ValueError(f"ACCELERATE_CONFIG={path}: no such file")
+    from accelerate.commands.config.config_args import load_config_from_file
+    try:
+        n = getattr(load_config_from_file(path), "num_processes", 1)
+    except Exception as exc:  # YAML/JSON syntax, unknown keys, a bad value: whatever accelerate would fail on
+        raise ValueError(f"ACCELERATE_CONFIG={path}: not an accelerate config file ({exc})") from None
+    return n if isinstance(n, int) and n >= 1 else 1
+
+
+def _parse(name, parser, raw):
+    try:
+        return parser(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}={raw!r}: {exc}") from None
+
+
+def resolve(dataset: str, env: dict[str, str]) -> dict:
+    """The full configuration of a launcher run; ``env`` maps variable names to strings
+    (empty or absent = the preset). Raises ``ValueError`` naming the bad variable."""
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset {dataset!r}: known {', '.join(DATASETS)}")
+    env = {k: v for k, v in env.items() if (k in VARIABLES or k in SETTINGS) and v != ""}
+    s = {k: _parse(k, SETTINGS[k], v) for k, v in env.items() if k in SETTINGS}
+    if s.get("BACKEND", "auto") not in ("auto", "hf", "unsloth"):
+        raise ValueError(f"BACKEND={s['BACKEND']!r}: must be auto, hf or unsloth")
+    algo = s.get("ALGO", "tarpo")
+    if algo not in ALGOS:
+        raise ValueError(f"ALGO={algo!r}: must be one of {', '.join(ALGOS)}")
+    model_key = s.get("MODEL", DEFAULT_MODEL)
+    preset = MODELS.get(model_key.lower())
+    if preset is None and not os.path.isdir(model_key):
+        if looks_like_path(model_key):
+            raise ValueError(f"MODEL={model_key!r}: no such folder")
+        if "/" not in model_key:
+            raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
+    for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
+        if name in s and s[name] < 1:
+            raise ValueError(f"{name}={s[name]}: must be >= 1")
+    data = DATASETS[dataset]
+    trainer = {**common(algo), **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
+               **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")}, "routing": ALGOS[algo].name}
+    trainer.update({VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES})
+    group, batch = trainer["num_generations"], trainer["per_device_train_batch_size"]
+    if group < 2:
+        raise ValueError(f"GROUP_SIZE={group}: a group-relative advantage needs at least 2 completions per prompt")
+    if batch < 1 or batch % group:
+        raise ValueError(f"BATCH={batch}: completions per step must be a positive multiple of GROUP_SIZE={group}")
+    # several processes share the step's completions: BATCH stays the completions per optimizer step
+    accelerate_config = s.get("ACCELERATE_CONFIG")
+    processes = s.get("NUM_PROCESSES", configured_processes(accelerate_config) if accelerate_config else 1)
+    if batch % processes:
+        raise ValueError(f"BATCH={batch}: the completions of a step are shared by NUM_PROCESSES={processes} "
+                         "processes, so BATCH must be a multiple of it")
+    trainer["per_device_train_batch_size"] = batch // processes
+    micro = s.get("MICRO_BATCH")
+    if micro is not None and (batch // processes) % micro:
+        raise ValueError(f"MICRO_BATCH={micro}: must divide the completions each process trains per step, "
+                         f"BATCH/NUM_PROCESSES = {batch}/{processes} = {batch // processes}")
+    if s.get("CPU_MAX_HOURS", 1.0) <= 0:
+        raise ValueError(f"CPU_MAX_HOURS={s['CPU_MAX_HOURS']}: must be > 0 (hours)")
+    model = preset["hub_id"] if preset else model_key
+    short = model_key.lower() if preset else os.path.basename(os.path.normpath(model_key))
+    b0 = trainer["action_bias"]
+    name = s.get("RUN_NAME") or (f"{dataset}-{short}-{algo}-g{trainer['num_generations']}"
+                                 f"-bs{batch}-lr{trainer['learning_rate']:g}"
+                                 f"-beta{trainer['beta']:g}-b0{b0[0]:g}-s{trainer['seed']}")
+    out = os.path.join(s.get("OUT_DIR", "runs"), name)
+    trainer["output_dir"] = out
+    return {
+        "dataset": dataset, "task": data["task"], "algo": algo, "system": ALGOS[algo].system,
+        "model": model, "model_name": os.path.basename(model.rstrip("/")), "run_dir": out,
+        "preset": model_key.lower() if preset else None, "micro_batch": micro,
+        "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
+        "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo].eval_mode,
+        "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),
+        "dry_run": s.get("DRY_RUN", False), "backend": s.get("BACKEND", "auto"),
+        "num_processes": processes, "accelerate_config": accelerate_config,
+        "cpu_max_hours": s.get("CPU_MAX_HOURS", 12.0), "trainer": trainer,
+    }

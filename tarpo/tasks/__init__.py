@@ -1,0 +1,1 @@
+"""Benchmarks and training data, prompts, answer extraction and grading."""

@@ -1,0 +1,1 @@
+"""TarpoTrainer: scoring, the objective, the optimizer, checkpoints."""

@@ -1,0 +1,294 @@
+"""Checkpoints that a kill or a full disk cannot leave half-written, and what a re-run resumes from.
+
+A save never writes into ``<run>/checkpoint-N`` (nor into ``<run>/adapter``): it writes into a
+temporary folder beside it (``<run>/.checkpoint-N.tmp/checkpoint-N``, ``<run>/.adapter.tmp``), the
+router, the reference router and HRPO's gate included, then a manifest of every file and its size
+(:data:`MANIFEST`) last; every file is fsynced and the folder is renamed into place
+(:func:`publish`). A kill at any point leaves the previous checkpoints as they were and a hidden
+temporary folder that no one resumes from (:func:`remove_partial_saves` deletes it).
+
+A re-run resumes from :func:`last_complete_checkpoint`: the highest-numbered ``checkpoint-N``
+whose manifest matches its files (or, for a checkpoint written before manifests, that has every
+file a resume reads); it names the incomplete ones it skips. A save that runs out of disk space
+(:func:`is_disk_full`: ``ENOSPC``, or the errno-less errors that torch's zip writer raises on a
+full disk) raises :class:`DiskFull` naming the checkpoint and the folder, and leaves nothing of it.
+
+The final ``adapter/`` is written the same way by :func:`save_final`, with :data:`FINAL_STATE`
+(the step it was saved at and the planned number of steps): :func:`finished_step` tells a re-run
+of a finished run that there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+
+MANIFEST = "checkpoint_manifest.json"
+FINAL_STATE = "final_state.json"
+TRAINER_STATE = "trainer_state.json"
+EMPTY = "everything (the folder is empty)"
+# What a resume reads, for checkpoints written before manifests (older tarpo versions)
+WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "model.safetensors.index.json",
+           "pytorch_model.bin")
+REQUIRED = ("optimizer.pt", "scheduler.pt", TRAINER_STATE, "router.safetensors", "router_config.json",
+            "router_ref/router.safetensors", "router_ref/router_config.json")
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_PARTIAL = re.compile(r"^\.(checkpoint-\d+|adapter)\.(tmp|old)$")
+
+# Disk full: errno ENOSPC / EDQUOT anywhere in the exception chain, or their words (safetensors'
+# "No space left on device (os error 28)"); torch.save's zip writer reports a full disk without an
+# errno ("[enforce fail at inline_container.cc:...] . unexpected pos 640 vs 598", caused by
+# "basic_ios::clear: iostream error"), which counts as one when the disk has (almost) no room left.
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_DISK_FULL_WORDS = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122")
+_WRITE_FAILED_WORDS = ("inline_container", "pytorchstreamwriter", "iostream error", "file write failed")
+LOW_SPACE = 64 << 20  # bytes
+
+
+class DiskFull(OSError):
+    """A save ran out of disk space; what it had written is removed."""
+
+    def __init__(self, what: str, folder: str, cause: BaseException):
+        free = _free_bytes(folder)
+        room = f" ({free / 2**20:.1f} MiB free there)" if free is not None else ""
+        super().__init__(errno.ENOSPC, f"disk full while saving {what} to {folder}: {type(cause).__name__}: "
+                                       f"{cause}{room}. Free some space and run again: the run resumes from its "
+                                       "last complete checkpoint")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _free_bytes(folder: str) -> int | None:
+    path = os.path.abspath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def is_disk_full(exc: BaseException, folder: str) -> bool:
+    """Whether ``exc``, raised while writing into ``folder``, means that the disk is full."""
+    chain = list(_chain(exc))
+    if any(isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS for e in chain):
+        return True
+    text = " ".join(str(e).lower() for e in chain)
+    if any(w in text for w in _DISK_FULL_WORDS):
+        return True
+    if any(w in text for w in _WRITE_FAILED_WORDS):
+        free = _free_bytes(folder)
+        return free is not None and free < LOW_SPACE
+    return False
+
+
+# ---------------------------------------------------------------- writing
+def staging_folder(run_dir: str, name: str) -> str:
+    """The temporary folder a save of ``<run_dir>/<name>`` writes into (hidden: no ``checkpoint-*`` glob
+    of the Trainer's rotation, nor :func:`last_complete_checkpoint`, sees it)."""
+    return os.path.join(run_dir, f".{name}.tmp")
+
+
+def write_manifest(folder: str) -> None:
+    """Record every file of ``folder`` and its size, as the save's last file."""
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, folder).replace(os.sep, "/")
+            if rel != MANIFEST:
+                files[rel] = os.path.getsize(path)
+    with open(os.path.join(folder, MANIFEST), "w") as f:
+        json.dump({"files": dict(sorted(files.items()))}, f, indent=1)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def publish(staged: str, final: str) -> None:
+    """Make the complete folder ``staged`` appear as ``final`` at once (replacing what is there)."""
+    for root, _, names in os.walk(staged):
+        for name in names:
+            _fsync(os.path.join(root, name))
+        _fsync(root)
+    parent, name = os.path.split(os.path.abspath(final))
+    old = None
+    if os.path.lexists(final):  # e.g. an incomplete checkpoint-N of an older version: set it aside first
+        old = os.path.join(parent, f".{name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(staged, final)
+    _fsync(parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_save(trainer, staging: str, what: str, parent: str):
+    """Run a save into the temporary folder ``staging``, which starts empty (what a killed save
+    left is removed). On an error it is removed again, and a full disk raises :class:`DiskFull`
+    naming ``what`` and ``parent``. Yields whether this process writes (the main one)."""
+    main = trainer.args.should_save
+    if main:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    try:
+        yield main
+    except Exception as exc:
+        full = is_disk_full(exc, parent)
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+        if full:
+            raise DiskFull(what, parent, exc) from exc
+        raise
+
+
+def save_final(trainer, folder: str) -> str:
+    """Save the trainer's adapter and router into ``folder`` (the run's ``adapter/``) atomically, with
+    :data:`FINAL_STATE`; a full disk raises :class:`DiskFull` and leaves ``folder`` as it was."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    staged = staging_folder(parent, name)
+    with staged_save(trainer, staged, name, parent) as main:
+        trainer.save_model(staged)
+        if main:
+            state = trainer.state
+            with open(os.path.join(staged, FINAL_STATE), "w") as f:
+                json.dump({"global_step": state.global_step, "max_steps": state.max_steps,
+                           "num_train_epochs": state.num_train_epochs}, f, indent=1)
+    trainer.accelerator.wait_for_everyone()
+    if main:
+        publish(staged, folder)
+    return folder
+
+
+def remove_partial_saves(run_dir: str) -> list[str]:
+    """Delete the temporary folders of saves that a kill or a full disk interrupted; returns their names."""
+    if not os.path.isdir(run_dir):
+        return []
+    gone = []
+    for name in sorted(os.listdir(run_dir)):
+        if _PARTIAL.match(name) and os.path.isdir(os.path.join(run_dir, name)):
+            shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+            gone.append(name)
+    return gone
+
+
+# ---------------------------------------------------------------- reading
+def missing_files(folder: str, gate: bool = False) -> list[str]:
+    """What ``folder`` lacks for a resume (empty when it is a complete checkpoint). With a manifest:
+    the files it lists that are absent or of another size; without (older checkpoints): the files a
+    resume reads (``gate``: HRPO's gate too)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return ["the folder"]
+    if not names:
+        return [EMPTY]
+    if MANIFEST in names:
+        try:
+            with open(os.path.join(folder, MANIFEST)) as f:
+                listed = json.load(f)["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return [f"{MANIFEST} (unreadable)"]
+        out = []
+        for rel, size in listed.items():
+            path = os.path.join(folder, rel)
+            if not os.path.isfile(path):
+                out.append(rel)
+            elif os.path.getsize(path) != size:
+                out.append(f"{rel} ({os.path.getsize(path)} of {size} bytes)")
+        return out
+
+    def present(rel):
+        path = os.path.join(folder, rel)
+        return os.path.isfile(path) and os.path.getsize(path) > 0
+
+    if any(present(w) for w in WEIGHTS) and not present("adapter_model.safetensors") and not present(
+            "adapter_model.bin"):  # a full model's weights
+        out = [] if present("config.json") else ["config.json"]
+    else:
+        out = [] if present("adapter_model.safetensors") or present("adapter_model.bin") else [WEIGHTS[0]]
+        out += [] if present("adapter_config.json") else ["adapter_config.json"]
+    required = list(REQUIRED)
+    if gate:
+        from ..engine.latent import HRPO_WEIGHTS
+        required.append(HRPO_WEIGHTS)
+    out += [rel for rel in required if not present(rel)]
+    if not any(n.startswith("rng_state") and n.endswith(".pth") for n in names):
+        out.append("rng_state.pth")
+    return out
+
+
+def checkpoint_folders(run_dir: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of every ``checkpoint-N`` folder of ``run_dir``, by step."""
+    if not os.path.isdir(run_dir):
+        return []
+    found = []
+    for name in os.listdir(run_dir):
+        m = _CHECKPOINT.match(name)
+        if m and os.path.isdir(os.path.join(run_dir, name)):
+            found.append((int(m.group(1)), os.path.join(run_dir, name)))
+    return sorted(found)
+
+
+def last_complete_checkpoint(run_dir: str, gate: bool = False, report=print) -> str | None:
+    """The newest complete checkpoint of ``run_dir`` (None if there is none); each incomplete one,
+    and each temporary folder of an interrupted save, is named through ``report``."""
+    newest = None
+    for step, path in reversed(checkpoint_folders(run_dir)):
+        missing = missing_files(path, gate)
+        if not missing:
+            newest = newest or path
+            continue
+        what = "empty" if missing == [EMPTY] else "missing " + ", ".join(missing)
+        report(f"skipping incomplete {os.path.basename(path)} ({what})")
+    if os.path.isdir(run_dir):
+        for name in sorted(os.listdir(run_dir)):
+            if _PARTIAL.match(name):
+                report(f"skipping {name} (a save that did not finish)")
+    return newest
+
+
+def read_state(checkpoint: str) -> dict:
+    with open(os.path.join(checkpoint, TRAINER_STATE)) as f:
+        return json.load(f)
+
+
+def finished_step(run_dir: str, max_steps: int, num_train_epochs: float, gate: bool = False) -> int | None:
+    """The step at which the run in ``run_dir`` finished, if its final ``adapter/`` is there and nothing
+    is left to train (``max_steps`` > 0: that many steps; else the same number of epochs as when it
+    finished); None if training has to run (or resume)."""
+    try:
+        with open(os.path.join(run_dir, "adapter", FINAL_STATE)) as f:
+            final = json.load(f)
+        step, planned, epochs = int(final["global_step"]), int(final["max_steps"]), final["num_train_epochs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if max_steps > 0:
+        target = max_steps
+    elif epochs == num_train_epochs:
+        target = planned
+    else:
+        return None
+    done = [s for s, path in checkpoint_folders(run_dir) if s > step and not missing_files(path, gate)]
+    return step if step >= target and not done else None

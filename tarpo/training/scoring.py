@@ -1,0 +1,159 @@
+"""The training forward of docs/algorithm.md §2: re-run prompt + completion with the recorded inputs.
+
+Hard steps feed ``E(v_t)``, soft steps the mixture rebuilt from the recorded top-k ids
+and fp32 weights by :func:`tarpo.engine.mixture.build_inputs_embeds` (the rollout's function),
+left padding and the completion's tail are masked, and positions follow the mask. The
+hidden state at position ``P - 1 + t`` predicts step ``t``.
+
+Token log-probs use the sampling temperature ``T_s`` on the unfiltered logits (the
+top-k/top-p filters, off by default, are not applied when scoring: a filtered policy
+can give ``-inf`` to the reference). They are computed in chunks of positions, each
+chunk recomputed in the backward pass, so neither a full [B, T, V] log-softmax nor
+its autograd buffers ever exist at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..engine.backbone import Backbone, positions_from_mask
+from ..engine.latent import GaussianSoftTokens, HrpoGate
+from ..engine.mixture import build_inputs_embeds
+from .objective import k3, kl_divergence, two_class_kl
+
+
+@dataclass
+class StepScores:
+    """Per-step quantities of the current policy (and reference), [B, T]."""
+
+    logp_tok: torch.Tensor          # log pi_theta(v_t|s_t) at T_s
+    logp_act: torch.Tensor          # log rho_theta(d_t|h_t) (0 where no router)
+    p_hard: torch.Tensor            # rho_theta(hard|h_t) (1 where no router)
+    kl_tok: torch.Tensor            # k3 or full KL to pi_ref (0 if no reference)
+    kl_act: torch.Tensor            # KL(rho_theta || rho_ref) (0 if no reference / router)
+    logp_latent: torch.Tensor | None = None  # Soft Tokens: log N(u_t; mean_theta, sigma^2 I) at soft steps
+
+
+def sequence_hidden(backbone: Backbone, rollout, gate=None) -> torch.Tensor:
+    """Normed hidden states [B, T, d] that predict the T completion steps (``gate``: HRPO's)."""
+    P = rollout.prompt_ids.shape[1]
+    E = backbone.embed_weight
+    soft_inputs = rollout.soft_inputs if rollout.soft_inputs.shape[-1] else None
+    completion = build_inputs_embeds(E, rollout.token_ids, rollout.soft_ids, rollout.soft_weights, rollout.is_soft,
+                                     gate=gate, soft_inputs=soft_inputs)
+    inputs = torch.cat([E[rollout.prompt_ids], completion], dim=1)
+    if torch.is_grad_enabled() and not inputs.requires_grad:
+        # Re-entrant gradient checkpointing (Unsloth forces it, process-wide) only backpropagates
+        # into a checkpointed layer whose *inputs* require grad; LoRA weights inside would get none.
+        # transformers and Unsloth arrange this with a hook on the embedding module, which this
+        # forward never calls (it indexes E), so the rebuilt inputs are marked here.
+        inputs.requires_grad_(True)
+    mask = torch.cat([rollout.prompt_mask.long(), rollout.completion_mask.long()], dim=1)
+    hidden = backbone.hidden(inputs, mask, positions_from_mask(mask))
+    return hidden[:, P - 1:-1]
+
+
+def _logp_chunk(head, hidden, targets, temperature):
+    logits = head(hidden).float() / temperature
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _full_kl_chunk(head, hidden, ref_hidden, temperature):
+    logp = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    with torch.no_grad():
+        ref_logp = torch.log_softmax(head(ref_hidden).float() / temperature, dim=-1)
+    return kl_divergence(logp, ref_logp)
+
+
+def _chunked(fn, chunk_size, *tensors, **kwargs):
+    """``fn`` over row-chunks of ``tensors`` (checkpointed when grad flows), concatenated."""
+    outs = []
+    for s in range(0, tensors[0].shape[0], chunk_size):
+        part = [t[s:s + chunk_size] for t in tensors]
+        if torch.is_grad_enabled() and part[0].requires_grad:
+            outs.append(checkpoint(fn, *part, use_reentrant=False, **kwargs))
+        else:
+            outs.append(fn(*part, **kwargs))
+    return torch.cat(outs) if outs else tensors[0].new_zeros(0)
+
+
+def _gaussian_chunk(head, embedding, hidden, inputs, temperature, noise):
+    return noise.log_likelihood(inputs, noise.mean(head(hidden).float() / temperature, embedding))
+
+
+def latent_logprobs(head, embedding, hidden, inputs, mask, temperature, chunk_size, noise) -> torch.Tensor:
+    """Soft Tokens: log N(u_t; softmax(head(h)/T_s) @ E, sigma^2 I) at masked steps, 0 elsewhere."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    out[mask] = _chunked(lambda h, u: _gaussian_chunk(head, embedding, h, u, temperature, noise), chunk_size,
+                         hidden[mask], inputs[mask])
+    return out
+
+
+def token_logprobs(head, hidden, targets, mask, temperature, chunk_size) -> torch.Tensor:
+    """log softmax(head(h)/T_s)[v_t] at masked positions, 0 elsewhere; [B, T] fp32."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    out[mask] = _chunked(lambda h, t: _logp_chunk(head, h, t, temperature), chunk_size,
+                         hidden[mask], targets[mask])
+    return out
+
+
+def full_token_kl(head, hidden, ref_hidden, mask, temperature, chunk_size) -> torch.Tensor:
+    """Exact KL(pi_theta || pi_ref) over the vocabulary per masked step; [B, T] fp32."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    out[mask] = _chunked(lambda h, r: _full_kl_chunk(head, h, r, temperature), chunk_size,
+                         hidden[mask], ref_hidden[mask])
+    return out
+
+
+def score_rollout(
+    backbone: Backbone,
+    router,
+    ref_router,
+    rollout,
+    *,
+    temperature: float,
+    chunk_size: int,
+    use_router: bool,
+    with_reference: bool,
+    token_kl: str = "k3",
+    latent=None,
+) -> StepScores:
+    """Policy (and reference) scores of a recorded batch; gradients flow to LoRA and router
+    (and HRPO's gate, through the rebuilt inputs).
+
+    The reference is the same backbone with its adapter disabled, fed the same inputs;
+    ``ref_router`` (a frozen copy of the initial router) reads its hidden states.
+    ``latent``: HRPO's gate (rebuilds gated inputs) or Soft Tokens' noise model (adds
+    ``logp_latent`` at soft steps).
+    """
+    gate = latent if isinstance(latent, HrpoGate) else None
+    mask = rollout.completion_mask
+    hidden = sequence_hidden(backbone, rollout, gate)
+    logp_tok = token_logprobs(backbone.logits, hidden, rollout.token_ids, mask, temperature, chunk_size)
+    zeros = torch.zeros_like(logp_tok)
+    logp_act, p_hard, kl_tok, kl_act = zeros, torch.ones_like(logp_tok), zeros, zeros
+    if use_router:
+        act_logp = router.log_probs(hidden)                               # [B, T, 2]
+        logp_act = act_logp.gather(-1, rollout.is_soft.long()[..., None]).squeeze(-1)
+        p_hard = act_logp[..., 0].exp()
+    logp_latent = None
+    if isinstance(latent, GaussianSoftTokens):
+        logp_latent = latent_logprobs(backbone.logits, backbone.embed_weight, hidden, rollout.soft_inputs,
+                                      mask & rollout.is_soft, temperature, chunk_size, latent)
+    if with_reference:
+        with torch.no_grad(), backbone.adapter_disabled():
+            ref_hidden = sequence_hidden(backbone, rollout, gate)
+            if token_kl == "k3":
+                ref_logp = token_logprobs(backbone.logits, ref_hidden, rollout.token_ids, mask,
+                                          temperature, chunk_size)
+        if token_kl == "k3":
+            kl_tok = torch.where(mask, k3(logp_tok, ref_logp), zeros)
+        else:
+            kl_tok = full_token_kl(backbone.logits, hidden, ref_hidden, mask, temperature, chunk_size)
+        if use_router:
+            kl_act = two_class_kl(act_logp, ref_router.log_probs(ref_hidden))
+    return StepScores(logp_tok=logp_tok, logp_act=logp_act, p_hard=p_hard, kl_tok=kl_tok, kl_act=kl_act,
+                      logp_latent=logp_latent)

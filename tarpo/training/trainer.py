@@ -1,0 +1,388 @@
+"""``TarpoTrainer``: TRL's ``GRPOTrainer`` with TARPO's generation, scoring and loss.
+
+What is TRL's and kept: the repeat sampler (G consecutive copies of each prompt), the
+reward plumbing (``reward_funcs(prompts=, completions=, completion_ids=, **columns)``),
+buffering of a generation batch over gradient-accumulation steps, logging, PEFT
+set-up, checkpointing and resuming.
+
+What is overridden, and why:
+
+- ``_generate_and_score_completions``: decodes with :func:`tarpo.engine.rollout.hybrid_generate`
+  (per-step hard/soft inputs) and returns the whole rollout record, which survives
+  TRL's shuffle/split of the generation batch because every field is batch-first;
+  advantages are computed here, over whole groups, by :func:`group_advantages`.
+- ``_compute_loss``: rebuilds the inputs, scores policy and reference
+  (:func:`tarpo.training.scoring.score_rollout`) and applies :func:`tarpo.training.objective.tarpo_loss`.
+- ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router
+  (``router_lr``) and HRPO's gate (``hrpo_lr``; ``hrpo_lambda_lr`` for its Λ) (the optimizer itself
+  is ``args.optim``, see ``TarpoConfig.optim``); under an 8-bit optimizer the router and the gate keep fp32
+  state (:mod:`tarpo.training.optimizer`).
+- ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
+  frozen reference router, and HRPO's gate) are saved beside the adapter and restored; a
+  checkpoint is written whole into a temporary folder and renamed into place, and a full disk
+  raises :class:`tarpo.training.checkpoints.DiskFull` (:mod:`tarpo.training.checkpoints`).
+- ``train``: ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint; resuming
+  from one at the last step loads it and trains nothing (the Trainer would train one more step).
+
+The router (and the gate) are registered as submodules of the PEFT model's base model, so
+the Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones.
+The router is trainable only under a rule that routes with it (``learned``, :mod:`tarpo.routing`); the baselines of docs/algorithm.md §3
+(``hard``, ``soft``, ``entropy``, ``hrpo``, ``soft_tokens``) are routings of the same trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import fields, replace
+
+import torch
+from peft import LoraConfig, PeftModel
+from transformers import TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
+from trl.models.utils import disable_gradient_checkpointing
+
+from ..config import TarpoConfig
+from ..engine.backbone import Backbone, unwrap
+from ..engine.engine_choice import RunEngine, decoder_layers
+from ..engine.latent import GaussianSoftTokens, HrpoGate
+from ..engine.rollout import Rollout, RolloutSpec, decodes_on_its_own_path, hybrid_generate
+from ..engine.router import Router
+from ..engine.tagging import token_piece_fn
+from ..files import write_json_atomic
+from ..models.backends import make_backbone
+from ..models.loading import lora_config, new_router, stop_token_ids
+from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
+from ..routing import ROUTINGS
+from ..tasks.prompts import count_too_long, encode_prompts
+from . import checkpoints
+from .distributed import check_not_sharded, forward_through, rollout_seed, same_on_every_rank
+from .objective import group_advantages, tarpo_loss
+from .optimizer import keep_fp32_state, parameter_groups
+from .scoring import StepScores, score_rollout
+
+logger = logging.getLogger(__name__)
+GRPOTrainer = pristine_grpo_trainer()  # TRL's own class, never Unsloth's rewrite of it (tarpo.patches.trl_guard)
+
+REF_ROUTER_DIR = "router_ref"
+_ROLLOUT_KEYS = [
+    "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
+    "soft_weights", "p_soft", "entropy", "logp", "soft_inputs", "ended_with_eos",
+]
+
+
+def check_dataset(dataset, name: str = "train_dataset") -> None:
+    """Fail before any training if the data set is empty or has no ``prompt`` column."""
+    if dataset is None:
+        raise ValueError(f"{name} is required")
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty: no rows to train on")
+    columns = getattr(dataset, "column_names", None) or list(dataset[0].keys())
+    if "prompt" not in columns:
+        raise ValueError(f"{name} has no 'prompt' field (columns: {columns})")
+
+
+class TarpoTrainer(GRPOTrainer):
+    def __init__(self, model, reward_funcs, args: TarpoConfig, train_dataset, processing_class,
+                 router: Router | None = None, peft_config: LoraConfig | None = None, **kwargs):
+        if not isinstance(args, TarpoConfig):
+            raise TypeError("args must be a TarpoConfig")
+        check_dataset(train_dataset)
+        too_long = count_too_long(processing_class, train_dataset["prompt"], args.max_prompt_length)
+        if too_long:  # said once, at the start of the run (docs: tarpo.tasks.prompts)
+            logger.warning(f"{too_long} of {len(train_dataset)} training prompts are longer than max_prompt_length="
+                           f"{args.max_prompt_length} tokens: their last user turn is cut from the left (system "
+                           "prompt and chat template kept)")
+        if peft_config is None and not isinstance(model, PeftModel):
+            peft_config = lora_config(args)
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                         processing_class=processing_class, peft_config=peft_config, **kwargs)
+        peft_model = self.accelerator.unwrap_model(self.model)
+        self.eos_token_ids = stop_token_ids(peft_model, self.processing_class)  # as evaluation stops (models/loading.py)
+        self.engine = RunEngine(self.args.rollout_engine, decoder_layers(peft_model))  # ENGINE=auto by cost
+        if "ref" in getattr(peft_model, "peft_config", {}):
+            # TRL copies a passed-in adapter as "ref"; docs/algorithm.md §2's reference is the adapter disabled.
+            peft_model.delete_adapter("ref")
+        base = unwrap(peft_model)
+        router = router if router is not None else new_router(base, args)
+        # TRL seeds each rank differently (set_seed(..., device_specific=True)), so each rank drew its own router;
+        # DDP will train rank 0's on every rank, and the frozen reference must be that one too
+        base.tarpo_router = same_on_every_rank(router.to(self.accelerator.device))
+        self.ref_router = router.frozen_copy()
+        self.piece = token_piece_fn(self.processing_class)
+        self.rule = ROUTINGS[args.routing]
+        self.use_router = self.rule.router
+        router.requires_grad_(self.use_router)  # the baselines never train it
+        if self.rule.gate:  # initialised as HRPO's: N(0, initializer_range) weights, zero biases
+            base.tarpo_gate = HrpoGate(base.config.hidden_size, c=args.hrpo_c, seed=args.seed,
+                                       init_std=getattr(base.config, "initializer_range", 0.02),
+                                       mixture=args.hrpo_mixture).to(self.accelerator.device)
+        self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
+                      if self.rule.gaussian else None)
+        self._seed_step, self._seed_index = None, 0
+        check_not_sharded(self.accelerator)
+        check_overrides(self, TarpoTrainer)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        check_overrides(self, TarpoTrainer)  # again: something may have patched the instance since __init__
+        resume_from_checkpoint = self._resume_point(resume_from_checkpoint)
+        if resume_from_checkpoint is not None and self._at_the_end(resume_from_checkpoint):
+            return self._end_at(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's contract, stated here so that no rewrite of the base class can bypass ``_compute_loss``."""
+        if return_outputs:
+            raise ValueError("TarpoTrainer does not return outputs from compute_loss")
+        return self._compute_loss(model, inputs)
+
+    # ------------------------------------------------------------------ parts
+    @property
+    def router(self) -> Router:
+        return unwrap(self.accelerator.unwrap_model(self.model)).tarpo_router
+
+    @property
+    def gate(self) -> HrpoGate | None:
+        return getattr(unwrap(self.accelerator.unwrap_model(self.model)), "tarpo_gate", None)
+
+    @property
+    def latent(self):
+        """What soft steps feed besides the plain mixture: HRPO's gate or Soft Tokens' noise."""
+        return self.gate if self.gate is not None else self.noise
+
+    def backbone(self) -> Backbone:
+        return make_backbone(self.accelerator.unwrap_model(self.model))
+
+    @property
+    def off_policy(self) -> bool:
+        """True when a batch is used after an optimizer step (several iterations, or a
+        generation batch spanning optimizer steps): then the clipped ratio form applies."""
+        return self.args.num_iterations > 1 or self.args.steps_per_generation > self.args.gradient_accumulation_steps
+
+    # ------------------------------------------------------------------ optimizer
+    def create_optimizer(self, model=None):
+        if self.optimizer is not None:
+            return self.optimizer
+        opt_model = self.model if model is None else model
+        args = self.args
+        cls, kwargs = self.get_optimizer_cls_and_kwargs(args, opt_model)
+        groups = parameter_groups(opt_model, self.router, self.gate, args)
+        self.optimizer = cls(groups, **kwargs)
+        heads = [*self.router.parameters(), *(self.gate.parameters() if self.gate is not None else ())]
+        keep_fp32_state(self.optimizer, [p for p in heads if p.requires_grad])
+        return self.optimizer
+
+    # ------------------------------------------------------------------ generation
+    def _engine_decided(self, seconds: float, decode_steps: int) -> None:
+        """ENGINE=auto on the CPU, after the first (eager, timed) rollout: pick the engine of the others,
+        say which and why, and keep it in ``<output_dir>/rollout_engine.json`` (tarpo/engine/engine_choice.py)."""
+        args, steps_left = self.args, max(0, self.state.max_steps - self.state.global_step - 1)
+        per_rollout = max(1, args.generation_batch_size // self.accelerator.num_processes)  # completions a rollout
+        rollouts_a_step = max(1, args.per_device_train_batch_size * args.gradient_accumulation_steps // per_rollout)
+        decision = self.engine.observed(seconds, decode_steps, steps_left * rollouts_a_step * decode_steps)
+        if decision is not None and self.accelerator.is_main_process:
+            logger.warning("rollout engine: %s (ENGINE=auto; %s)", decision["engine"], decision["why"])
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            write_json_atomic(os.path.join(self.args.output_dir, "rollout_engine.json"), decision)
+
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        device = self.accelerator.device
+        prompts = [x["prompt"] for x in inputs]
+        prompt_ids, prompt_mask, n_trunc = encode_prompts(self.processing_class, prompts,
+                                                          self.args.max_prompt_length, device)
+        # the run's one rollout shape (compiled engine: one graph per run): this process's share of a generation batch
+        spec = RolloutSpec.from_config(self.args, router_greedy=False,
+                                       batch_size=self.args.generation_batch_size // self.accelerator.num_processes)
+        model = self.accelerator.unwrap_model(self.model)
+        # Keyed noise: global row ids (this rank's share of the batch) and a seed every rank shares, so
+        # a row draws the same on any number of processes, with either engine, after a resume.
+        rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
+        backbone, started = make_backbone(model), time.perf_counter()
+        spec = replace(spec, engine=self.engine.next(device.type == "cuda", decodes_on_its_own_path(backbone)))
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            rollout = hybrid_generate(backbone, self.router, prompt_ids, prompt_mask, spec, self.piece,
+                                      self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,
+                                      noise_seed=self._next_rollout_seed(), row_ids=rows)
+        self._engine_decided(time.perf_counter() - started, rollout.token_ids.shape[1])
+
+        completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompts[0], list) else texts
+        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)  # all processes
+        rewards = torch.nan_to_num((rewards_per_func * self.reward_weights.to(device)[None]).nansum(1), nan=0.0)
+        advantages = group_advantages(rewards, self.num_generations, self.args.advantage_eps)
+        local = slice(self.accelerator.process_index * len(prompts), (self.accelerator.process_index + 1) * len(prompts))
+
+        self._log_rollout(mode, rollout, rewards, rewards_per_func, n_trunc, prompts, completions)
+        out = {key: getattr(rollout, key) for key in _ROLLOUT_KEYS}
+        out["advantages"] = advantages[local]
+        return out
+
+    def _next_rollout_seed(self) -> int:
+        step = self.state.global_step
+        if step != self._seed_step:
+            self._seed_step, self._seed_index = step, 0
+        self._seed_index += 1
+        return rollout_seed(self.args.seed, step, self._seed_index - 1)
+
+    def _log_rollout(self, mode, rollout: Rollout, rewards, rewards_per_func, n_trunc, prompts, completions):
+        gather = self.accelerator.gather
+        metrics = self._metrics[mode]
+        mask = rollout.completion_mask
+        units = gather(rollout.units.float())
+        hard = gather(rollout.hard_tokens.float())
+        soft = gather(rollout.is_soft.sum().float()[None]).sum()
+        decided = gather(rollout.decided.sum().float()[None]).sum()
+        p_soft = gather(rollout.p_soft[rollout.decided].sum()[None]).sum()
+        entropy = gather(rollout.entropy[mask].sum()[None]).sum()
+        grouped = rewards.view(-1, self.num_generations)
+        metrics["reward"].append(rewards.mean().item())
+        metrics["reward_std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
+        metrics["frac_reward_zero_std"].append((grouped.max(1).values == grouped.min(1).values).float().mean().item())
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
+            if hasattr(self.reward_funcs[i], "timeouts"):  # answers that hit the grader's timeout (scored 0)
+                timeouts = torch.tensor([float(self.reward_funcs[i].timeouts)], device=rewards.device)
+                metrics[f"rewards/{name}/timeouts"].append(gather(timeouts).sum().item())
+        metrics["entropy"].append((entropy / units.sum().clamp(min=1)).item())
+        metrics["completions/mean_units"].append(units.mean().item())
+        metrics["completions/mean_hard_tokens"].append(hard.mean().item())
+        metrics["completions/clipped_ratio"].append(1 - gather(rollout.ended_with_eos.float()).mean().item())
+        metrics["soft_ratio"].append((soft / units.sum().clamp(min=1)).item())
+        metrics["router/p_soft"].append((p_soft / decided.clamp(min=1)).item() if self.use_router else 0.0)
+        metrics["prompts/truncated"].append(float(n_trunc))
+        self.state.num_input_tokens_seen += int(gather(rollout.prompt_mask.sum()[None]).sum() + units.sum())
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+
+    # ------------------------------------------------------------------ loss
+    def _compute_loss(self, model, inputs):
+        rollout = Rollout(**{key: inputs[key] for key in _ROLLOUT_KEYS})
+        args = self.args
+
+        def forward():
+            scores = score_rollout(self.backbone(), self.router, self.ref_router.to(self.accelerator.device), rollout,
+                                   temperature=args.temperature, chunk_size=args.logprob_chunk_size,
+                                   use_router=self.use_router, with_reference=args.beta != 0.0,
+                                   token_kl=args.token_kl, latent=self.latent)
+            return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
+
+        # through the module accelerate wrapped, so that DDP all-reduces the gradients (tarpo.training.distributed)
+        scores = StepScores(**forward_through(model, self.accelerator.unwrap_model(model), forward))
+        old_tok = old_act = None
+        if self.off_policy:
+            old_tok = rollout.logp
+            old_act = torch.where(rollout.is_soft, rollout.p_soft, 1 - rollout.p_soft).clamp(min=1e-12).log()
+        loss, terms = tarpo_loss(
+            logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard, kl_tok=scores.kl_tok,
+            kl_act=scores.kl_act, advantages=inputs["advantages"], completion_mask=rollout.completion_mask,
+            is_soft=rollout.is_soft, decided=rollout.decided, lambda_act=args.lambda_act, beta=args.beta,
+            alpha=args.alpha_action_kl, use_router=self.use_router, detach_kl_weight=args.detach_kl_weight,
+            old_logp_tok=old_tok, old_logp_act=old_act, clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
+            token_loss_on_soft=self.rule.token_fed_when_soft, logp_latent=scores.logp_latent,
+        )
+        mode = "train" if self.model.training else "eval"
+        # Drift between the sampling-time and the training-forward log-probs of the same tokens:
+        # ~0 on-policy (numerics only); grows when a batch is reused after optimizer steps.
+        mask = rollout.completion_mask
+        terms["logp_drift"] = ((scores.logp_tok.detach() - rollout.logp).abs() * mask).sum() / mask.sum().clamp(min=1)
+        for name, value in terms.items():
+            self._metrics[mode][name].append(self.accelerator.gather(value[None]).mean().item())
+        return loss / self.current_gradient_accumulation_steps
+
+    # ------------------------------------------------------------------ checkpoints
+    # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
+    # a kill or a full disk during a save never leaves a checkpoint-N that a re-run would pick.
+    def _save_router(self, directory: str) -> None:
+        if self.args.should_save:
+            self.router.save(directory)
+            self.ref_router.save(os.path.join(directory, REF_ROUTER_DIR))
+            if self.gate is not None:
+                self.gate.save(directory)
+
+    def _get_output_dir(self, trial):
+        """The run folder; while a checkpoint is being saved, the temporary folder that the Trainer's
+        own save sequence (and TRL's) writes ``checkpoint-N`` into."""
+        staging = getattr(self, "_checkpoint_staging", None)
+        return staging if staging is not None else super()._get_output_dir(trial=trial)
+
+    def _save_checkpoint(self, model, trial):
+        run_dir = super()._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = checkpoints.staging_folder(run_dir, name)
+        staged = os.path.join(staging, name)
+        with checkpoints.staged_save(self, staging, name, run_dir) as main:
+            self._checkpoint_staging = staging
+            try:
+                # the Trainer's sequence into the temporary folder: adapter, optimizer, scheduler, RNG state,
+                # trainer_state.json (its rotation sees only this checkpoint there); then the router and the rest
+                super()._save_checkpoint(model, trial)
+                self._save_router(staged)
+                best = self.state.best_model_checkpoint
+                if best is not None and os.path.abspath(best).startswith(os.path.abspath(staging) + os.sep):
+                    self.state.best_model_checkpoint = os.path.join(run_dir, name)
+                    if main:
+                        self.state.save_to_json(os.path.join(staged, TRAINER_STATE_NAME))
+                self.accelerator.wait_for_everyone()  # every process's files (rng_state_<rank>.pth) are written
+                if main:
+                    checkpoints.write_manifest(staged)
+            finally:
+                self._checkpoint_staging = None
+        if main:
+            checkpoints.publish(staged, os.path.join(run_dir, name))
+            shutil.rmtree(staging, ignore_errors=True)
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call:
+            self._save_router(output_dir or self.args.output_dir)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        device = self.accelerator.device
+        self.router.load_state_dict(Router.load(resume_from_checkpoint).state_dict())
+        self.router.to(device)
+        self.ref_router = Router.load(os.path.join(resume_from_checkpoint, REF_ROUTER_DIR), device=device)
+        self.ref_router.requires_grad_(False)
+        if self.gate is not None:
+            self.gate.load_state_dict(HrpoGate.load(resume_from_checkpoint).state_dict())
+
+    def _resume_point(self, resume_from_checkpoint):
+        """``True``: the newest *complete* checkpoint of the output folder (the incomplete ones named);
+        a folder: checked complete. Returns the folder to resume from, or None."""
+        if isinstance(resume_from_checkpoint, bool):
+            if not resume_from_checkpoint:
+                return None
+            resume_from_checkpoint = checkpoints.last_complete_checkpoint(
+                self.args.output_dir, gate=self.gate is not None, report=logger.warning)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No complete checkpoint found in output directory ({self.args.output_dir})")
+            return resume_from_checkpoint
+        if resume_from_checkpoint is not None:
+            missing = checkpoints.missing_files(resume_from_checkpoint, gate=self.gate is not None)
+            if missing:
+                raise ValueError(f"{resume_from_checkpoint} is incomplete (missing {', '.join(missing)}): resume from "
+                                 "a complete checkpoint (tarpo.training.checkpoints.last_complete_checkpoint)")
+        return resume_from_checkpoint
+
+    def _at_the_end(self, checkpoint) -> bool:
+        """Whether ``checkpoint`` is at the last step of this training (the Trainer would still train
+        one more step from it)."""
+        step = checkpoints.read_state(checkpoint)["global_step"]
+        if self.args.max_steps > 0:
+            return step >= self.args.max_steps
+        return step >= self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
+
+    def _end_at(self, checkpoint):
+        """Training ended at ``checkpoint`` (a kill came after its save, before the final one): load it and
+        train nothing."""
+        logger.warning(f"{checkpoint} is at the last step of training: loading it, nothing left to train")
+        self._load_from_checkpoint(checkpoint)
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+        return TrainOutput(self.state.global_step, 0.0, {})
