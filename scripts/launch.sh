@@ -10,7 +10,7 @@
 set -euo pipefail
 set -a
 MODEL=${MODEL:-}                   # qwen2.5-1.5b | qwen2.5-3b (default) | qwen2.5-7b | llama3.1-8b | hub id | local folder
-ALGO=${ALGO:-}                     # tarpo (default) | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens
+ALGO=${ALGO:-}                     # tarpo (default) | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens | tarpo_gumbel
 DATA_PATH=${DATA_PATH:-}           # local training data (file or folder); empty: the hub
 OUT_DIR=${OUT_DIR:-}               # the run folder is OUT_DIR/<name encoding the key settings>; default runs
 RUN_NAME=${RUN_NAME:-}             # the run folder's name instead of the one encoding the key settings
@@ -35,7 +35,18 @@ TOP_P=${TOP_P:-}                   # token filter, 1 = off (default)
 SOFT_TOP_K=${SOFT_TOP_K:-}
 ENTROPY_THRESHOLD=${ENTROPY_THRESHOLD:-}  # ALGO=grpo_entropy
 ENTROPY_TEMPERATURE=${ENTROPY_TEMPERATURE:-}  # ALGO=grpo_entropy: entropy of softmax(z/this); default 1
+ENTROPY_SOFT_WHEN=${ENTROPY_SOFT_WHEN:-}  # ALGO=grpo_entropy: high (default: soft above the threshold) | low (below)
 NOISE_SCALE=${NOISE_SCALE:-}       # ALGO=soft_tokens: noise std / rms(E)
+GUMBEL_TEMPERATURE=${GUMBEL_TEMPERATURE:-}  # ALGO=tarpo_gumbel: tau_g of the soft steps' Gumbel-softmax weights (0.5)
+LOSS_TYPE=${LOSS_TYPE:-}           # grpo (default, the paper) | dapo | dr_grpo | bnpo (docs/algorithm.md §8)
+SCALE_REWARDS=${SCALE_REWARDS:-}   # group (default) | batch | none
+IS_LEVEL=${IS_LEVEL:-}             # clipped ratio per step: token (default) | sequence (GSPO)
+MASK_TRUNCATED=${MASK_TRUNCATED:-} # 1: completions cut at MAX_COMPLETION_LENGTH stay out of the loss (default 0)
+EPSILON=${EPSILON:-}               # clip range of the ratio (default 0.2)
+EPSILON_HIGH=${EPSILON_HIGH:-}     # upper clip range (clip-higher; default = EPSILON)
+IS_CORRECTION=${IS_CORRECTION:-}   # rollout/training mismatch: none (default) | token_truncate | token_mask | sequence_truncate | sequence_mask
+IS_CLIP_MIN=${IS_CLIP_MIN:-}       # lower bound of the importance ratio (default none)
+IS_CLIP_MAX=${IS_CLIP_MAX:-}       # upper bound of the importance ratio (default 3; none: no bound)
 LORA_R=${LORA_R:-}
 LORA_ALPHA=${LORA_ALPHA:-}
 LORA_TARGETS=${LORA_TARGETS:-}     # paper (q,k,v,o; default) | all-linear (+ gate,up,down: the released scripts) | names

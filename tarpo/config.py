@@ -13,9 +13,14 @@ from dataclasses import MISSING, dataclass, field
 import torch
 from trl import GRPOConfig
 
-from .routing import GAUSSIAN, HRPO_MIXTURES, ROUTINGS
+from .routing import HRPO_MIXTURES, ROUTINGS
 
 TOKEN_KL_MODES = ("k3", "full")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # tarpo.training.objective.aggregate
+SCALE_REWARDS = ("group", "batch", "none")       # tarpo.training.objective.group_advantages
+IS_LEVELS = ("token", "sequence")                # tarpo.training.objective.policy_gradient_term
+IS_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+ENTROPY_SIDES = ("high", "low")                  # 'entropy' routing: soft where the entropy is above / below
 ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.engine.rollout, tarpo.engine.static_decode)
 
 
@@ -39,14 +44,8 @@ def resolve_optimizer(name: str) -> str:
 # Pinned: the only value that describes what runs; any other value is refused, naming the field.
 PINNED = {
     # how the loss and the advantages are formed (tarpo.training.objective)
-    "loss_type": ("grpo", "the loss is the mean over trajectories of (1/T_i) sum_t, TRL's 'grpo' normalisation "
-                          "(tarpo.training.objective.tarpo_loss)"),
-    "scale_rewards": ("group", "advantages are (r - group mean) / (group std + advantage_eps) "
-                               "(tarpo.training.objective.group_advantages)"),
     "multi_objective_aggregation": ("sum_then_normalize", "weighted rewards are summed, then normalised per group"),
-    "importance_sampling_level": ("token", "off-policy ratios are per step (tarpo.training.objective.policy_gradient_term)"),
     "use_bias_correction_kl": (False, "the token KL is not weighted by an importance ratio"),
-    "mask_truncated_completions": (False, "truncated completions stay in the loss"),
     "delta": (None, "no two-sided clipping bound"),
     "off_policy_mask_threshold": (None, "no off-policy sequence masking"),
     "top_entropy_quantile": (1.0, "every step carries the policy gradient (no entropy masking)"),
@@ -84,6 +83,7 @@ HONOURED = {
     "generation_batch_size", "steps_per_generation", "num_iterations",  # TRL's sampler and buffering
     "temperature", "top_p", "top_k",                     # tarpo.engine.rollout / tarpo.training.scoring
     "beta", "epsilon", "epsilon_high", "reward_weights",  # tarpo.training.objective, reward plumbing
+    "loss_type", "scale_rewards", "importance_sampling_level", "mask_truncated_completions",  # tarpo.training.objective
 }
 
 # Read only when a pinned field has another value, or in a mode this trainer never enters: no effect at any value.
@@ -138,8 +138,36 @@ class TarpoConfig(GRPOConfig):
                   "bitsandbytes plain adamw_torch with the same hyper-parameters."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N optimizer steps (every step by default)."})
     disable_dropout: bool = field(default=True, metadata={"help": "Dropout off so policy and reference score the same inputs identically."})
+    # ---- inherited fields of the loss (docs/algorithm.md §8): the paper's values by default ----
+    loss_type: str = field(
+        default="grpo", metadata={"help": "How the token, router and KL terms are aggregated, all the same way "
+                                          "(tarpo.training.objective.aggregate): 'grpo' (the paper) mean over "
+                                          "trajectories of (1/T_i) sum_t; 'dapo' sum over the generation batch's "
+                                          "units; 'dr_grpo' sum / (rows x max_completion_length); 'bnpo' sum over "
+                                          "this batch's units."})
+    scale_rewards: str = field(
+        default="group", metadata={"help": "Advantage scaling: 'group' (the paper) (r - group mean) / (group std + "
+                                           "advantage_eps); 'batch' divides by the batch's std; 'none' by nothing."})
+    importance_sampling_level: str = field(
+        default="token", metadata={"help": "Level of the clipped ratio of the token and router terms: 'token' (the "
+                                           "paper) per step; 'sequence' (GSPO) one ratio per trajectory from the mean "
+                                           "of its log-ratios."})
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Leave completions that hit max_completion_length without an end token out "
+                                         "of the loss (DAPO). The paper keeps them (False)."})
+    # ---- the rollout/training mismatch (docs/algorithm.md §8) ----
+    is_correction: str = field(
+        default="none", metadata={"help": "Importance-sampling correction of the mismatch between the rollout's "
+                                          "log-probs and the training forward's, over the tokens and the routing "
+                                          "actions: 'none' (the paper); 'token_truncate' / 'token_mask' per step; "
+                                          "'sequence_truncate' / 'sequence_mask' one ratio per trajectory, the mean "
+                                          "of its log-ratios. Truncate clamps the ratio to [is_clip_min, "
+                                          "is_clip_max]; mask zeroes the policy gradient of what falls outside."})
+    is_clip_min: float | None = field(
+        default=None, metadata={"help": "Lower bound of the importance ratio (None: no lower bound)."})
+    is_clip_max: float | None = field(
+        default=3.0, metadata={"help": "Upper bound of the importance ratio (TRL's 3.0; None: no upper bound)."})
     # ---- inherited fields pinned to what runs (PINNED above); any other value is refused ----
-    loss_type: str = field(default="grpo", metadata={"help": f"Pinned: {PINNED['loss_type'][1]}."})
     use_bias_correction_kl: bool = field(
         default=False, metadata={"help": f"Pinned: {PINNED['use_bias_correction_kl'][1]}."})
     # ---- routing (docs/algorithm.md §1, §2 ablations, §3) ----
@@ -150,6 +178,10 @@ class TarpoConfig(GRPOConfig):
     entropy_threshold: float = field(
         default=0.5, metadata={"help": "Entropy (nats, of softmax(z/entropy_temperature)) above which 'entropy' "
                                        "routing goes soft. Paper: 0.5 (Sec. 4.1 baselines, Sec. 4.3 ablation)."})
+    entropy_soft_when: str = field(
+        default="high", metadata={"help": "'entropy' routing goes soft where the entropy is 'high' (above "
+                                          "entropy_threshold: the paper's baseline, SwiReasoning-style) or 'low' "
+                                          "(below it: ThinkRouter-style)."})
     entropy_temperature: float = field(
         default=1.0, metadata={"help": "Temperature of the distribution whose entropy 'entropy' routing "
                                        "thresholds (Entropy-Routed, GRPO w/ Entropy Routing). 1.0: the model's own "
@@ -194,6 +226,9 @@ class TarpoConfig(GRPOConfig):
     soft_tokens_noise_scale: float = field(
         default=0.33, metadata={"help": "Soft Tokens: noise std as a multiple of the embedding RMS, "
                                         "sigma = 0.33 rms(E) (docs/algorithm.md §3)."})
+    gumbel_temperature: float = field(
+        default=0.5, metadata={"help": "Routing 'learned_gumbel' (ALGO=tarpo_gumbel): tau_g of the Gumbel-softmax "
+                                       "draw of a soft step's top-k weights, SofT-GRPO's 0.5 (docs/algorithm.md §8)."})
     # ---- objective (docs/algorithm.md §2) ----
     lambda_act: float = field(
         default=0.1, metadata={"help": "lambda, weight of the router policy-gradient term L_act (docs/algorithm.md §2)."})
@@ -290,15 +325,45 @@ class TarpoConfig(GRPOConfig):
             bad("hrpo_c", "must be > 0")
         if self.soft_tokens_noise_scale <= 0:
             bad("soft_tokens_noise_scale", "must be > 0")
-        if ROUTINGS[self.routing].soft_input == GAUSSIAN and self.num_iterations > 1:
-            bad("num_iterations", "Soft Tokens' Gaussian term is on-policy only (one gradient step per batch)")
+        if ROUTINGS[self.routing].scores_the_soft_input and self.num_iterations > 1:
+            bad("num_iterations", f"routing {self.routing!r} scores its soft inputs' draw on-policy only (one "
+                                  "gradient step per batch)")
+        if self.gumbel_temperature <= 0:
+            bad("gumbel_temperature", "must be > 0")
         if self.hrpo_mixture not in HRPO_MIXTURES:
             bad("hrpo_mixture", f"must be one of {HRPO_MIXTURES}")
+        self.validate_loss()
+        if self.entropy_soft_when not in ENTROPY_SIDES:
+            bad("entropy_soft_when", f"must be one of {ENTROPY_SIDES}")
         if self.entropy_temperature <= 0:
             bad("entropy_temperature", "must be > 0")
         for name, (value, why) in PINNED.items():
             if getattr(self, name) != value:
                 bad(name, f"TarpoTrainer runs only {value!r}: {why}")
+
+
+    def validate_loss(self) -> None:
+        """The loss variants and the mismatch correction (docs/algorithm.md §8)."""
+        def bad(name, why):
+            raise ValueError(f"TarpoConfig.{name}={getattr(self, name)!r}: {why}")
+
+        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)  # TRL's bools
+        for name, allowed in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS),
+                              ("importance_sampling_level", IS_LEVELS), ("is_correction", IS_CORRECTIONS)):
+            if getattr(self, name) not in allowed:
+                bad(name, f"must be one of {', '.join(allowed)}")
+        if self.epsilon_high is not None and self.epsilon_high < 0:
+            bad("epsilon_high", "must be >= 0")
+        for name in ("is_clip_min", "is_clip_max"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                bad(name, "must be > 0 (or None: no bound)")
+        if None not in (self.is_clip_min, self.is_clip_max) and self.is_clip_min >= self.is_clip_max:
+            bad("is_clip_min", f"must be below is_clip_max={self.is_clip_max}")
+        if self.is_correction != "none" and (self.num_iterations > 1 or
+                                             self.steps_per_generation > self.gradient_accumulation_steps):
+            bad("is_correction", "corrects on-policy training only (num_iterations 1, one optimizer step per "
+                                 "generation batch): a reused batch's clipped ratio is already taken against the "
+                                 "rollout's own log-probs")
 
 
 def default(name: str):

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
-from .config import TarpoConfig, default
+from .config import TarpoConfig, add_flags, default
 from .engine.rollout import RolloutSpec
 from .evaluation.plot import plot_runs
 from .evaluation.sample import sample, score_records, summarize
@@ -128,7 +128,7 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
         lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         bf16=False, gradient_checkpointing=False, save_strategy="no", report_to="none",
         disable_tqdm=True, logging_steps=1, lr_scheduler_type=args.lr_schedule,
-        rollout_engine=args.engine,
+        rollout_engine=args.engine, is_correction=args.is_correction, gumbel_temperature=args.gumbel_temperature,
     )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -198,6 +198,7 @@ def parse_args(argv=None):
     ap.add_argument("--engine", default="auto", choices=["auto", "eager", "compiled"],
                     help="rollout engine of the RL runs (docs/rollout-engines.md); auto: the one whose cost the "
                          "run repays, decided after the first rollout (tarpo/engine/engine_choice.py)")
+    add_flags(ap, ["is_correction", "gumbel_temperature"])  # docs/algorithm.md §8 (benchmarks/demo_variants.py)
     ap.add_argument("--workers", type=int, default=0,
                     help="processes that train and evaluate the systems side by side (0: one per core, at most "
                          "one per system); the cores are shared among them")

@@ -13,7 +13,7 @@ Nothing here imports torch, so the table renderer (:mod:`tarpo.evaluation.tables
     >>> ROUTINGS["learned"].trains, ROUTINGS["hrpo"].trains, MODES["tarpo_greedy"].routing
     ('router', 'hrpo_gate', 'learned')
     >>> [r.algo for r in ROUTINGS.values()]
-    ['tarpo', 'grpo', 'grpo_pure_latent', 'grpo_entropy', 'hrpo', 'soft_tokens']
+    ['tarpo', 'grpo', 'grpo_pure_latent', 'grpo_entropy', 'hrpo', 'soft_tokens', 'tarpo_gumbel']
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from dataclasses import dataclass
 # how d_t is picked at a thinking step
 NEVER = "never"        # always hard
 ALWAYS = "always"      # soft at every thinking step
-ENTROPY = "entropy"    # soft iff the entropy of softmax(z_t / entropy_temperature) > entropy_threshold
+ENTROPY = "entropy"    # soft iff the entropy of softmax(z_t / entropy_temperature) > entropy_threshold (or <)
 ROUTER = "router"      # drawn from the router rho(.|h_t) (argmax in the greedy modes)
 
 # what a soft step feeds
 TOP_K = "top_k"              # the top-k mixture of tarpo.engine.mixture
 HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture (tarpo.engine.latent.HrpoGate)
 GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus Gaussian noise (tarpo.engine.latent.GaussianSoftTokens)
+GUMBEL = "gumbel_top_k"      # the top-k mixture with Gumbel-softmax weights (tarpo.engine.latent.GumbelTopK)
 HRPO_MIXTURES = ("full", "top_k")  # the mixture HRPO's gate blends (TarpoConfig.hrpo_mixture, tarpo.engine.latent.HrpoGate)
 
 
@@ -37,7 +38,7 @@ HRPO_MIXTURES = ("full", "top_k")  # the mixture HRPO's gate blends (TarpoConfig
 class Routing:
     name: str         # TarpoConfig.routing
     soft_when: str    # NEVER, ALWAYS, ENTROPY or ROUTER
-    soft_input: str   # TOP_K, HRPO_GATE or GAUSSIAN
+    soft_input: str   # TOP_K, HRPO_GATE, GAUSSIAN or GUMBEL
     trains: str       # what training learns besides the LoRA backbone: "router", "hrpo_gate" or ""
     algo: str         # the launchers' ALGO that trains with it
     system: str       # its name in tarpo table
@@ -59,6 +60,15 @@ class Routing:
         return self.soft_input == GAUSSIAN
 
     @property
+    def gumbel(self) -> bool:
+        return self.soft_input == GUMBEL
+
+    @property
+    def scores_the_soft_input(self) -> bool:
+        """A soft step's input is a random draw whose log-density is in the policy gradient (on-policy only)."""
+        return self.soft_input in (GAUSSIAN, GUMBEL)
+
+    @property
     def token_fed_when_soft(self) -> bool:
         """A soft step still feeds ``E(v_t)`` (HRPO's blend), so its token stays in the policy gradient."""
         return self.soft_input == HRPO_GATE
@@ -72,8 +82,8 @@ ROUTINGS = {r.name: r for r in (
     Routing("soft", ALWAYS, TOP_K, "", "grpo_pure_latent", "GRPO w/ Pure Latent", "pure_latent",
             "always the top-k mixture (Pure Latent)"),
     Routing("entropy", ENTROPY, TOP_K, "", "grpo_entropy", "GRPO w/ Entropy Routing", "entropy",
-            "soft iff token entropy > entropy_threshold (Entropy Routing)",
-            ("entropy_threshold", "entropy_temperature")),
+            "soft iff token entropy > entropy_threshold (Entropy Routing; entropy_soft_when=low: below it)",
+            ("entropy_threshold", "entropy_temperature", "entropy_soft_when")),
     Routing("hrpo", ALWAYS, HRPO_GATE, "hrpo_gate", "hrpo", "HRPO", "hrpo",
             "HRPO's gated blend of E(v_t) and the mixture at every thinking step",
             ("hrpo_mixture", "hrpo_lr", "hrpo_lambda_lr", "hrpo_c")),
@@ -81,6 +91,10 @@ ROUTINGS = {r.name: r for r in (
     Routing("soft_tokens", ALWAYS, GAUSSIAN, "", "soft_tokens", "Soft Tokens", "hard",
             "the full mixture plus Gaussian noise at every thinking step (Soft Tokens)",
             ("soft_tokens_noise_scale",)),
+    # exploration inside the soft mode (docs/algorithm.md §8): trained with perturbed mixtures, evaluated as TARPO
+    Routing("learned_gumbel", ROUTER, GUMBEL, "router", "tarpo_gumbel", "TARPO w/ Gumbel", "tarpo",
+            "the router samples hard/soft; a soft step's top-k weights are a Gumbel-softmax draw (SofT-GRPO-style)",
+            ("gumbel_temperature",)),
 )}
 ALGOS = {r.algo: r for r in ROUTINGS.values()}
 

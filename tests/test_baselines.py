@@ -160,13 +160,13 @@ def test_every_algo_trains_and_changes_every_trainable_parameter(tokenizer, tmp_
     trainer.train()
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert any("lora_" in n for n in trainable)
-    assert any("tarpo_router" in n for n in trainable) == (algo == "tarpo")
-    assert any("tarpo_gate" in n for n in trainable) == (algo == "hrpo")
+    assert any("tarpo_router" in n for n in trainable) == ALGOS[algo].router
+    assert any("tarpo_gate" in n for n in trainable) == ALGOS[algo].gate
     for n, p in trainer.model.named_parameters():
         assert torch.equal(p, before[n]) != (n in trainable), f"{n}: trainable={n in trainable}"
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 3 and all(math.isfinite(h["loss"]) for h in logs)
-    if algo in ("hrpo", "soft_tokens", "grpo_pure_latent"):
+    if algo in ("hrpo", "soft_tokens", "grpo_pure_latent", "tarpo_gumbel"):
         assert all(h["soft_ratio"] > 0 for h in logs)
     if algo == "hrpo":  # LoRA, gate W_r and W_i, Lambda (the router is frozen: no group); decay as HRPO's
         groups = trainer.optimizer.param_groups

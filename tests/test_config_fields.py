@@ -25,8 +25,7 @@ GRPO_OWN = names(GRPOConfig) - names(TrainingArguments)
 
 # For each pinned field, a value a user might set that TRL and transformers accept.
 OTHER = {
-    "loss_type": "dapo", "scale_rewards": "batch", "multi_objective_aggregation": "normalize_then_sum",
-    "importance_sampling_level": "sequence", "use_bias_correction_kl": True, "mask_truncated_completions": True,
+    "multi_objective_aggregation": "normalize_then_sum", "use_bias_correction_kl": True,
     "delta": 1.5, "off_policy_mask_threshold": 0.5, "top_entropy_quantile": 0.2, "entropy_coef": 0.01,
     "use_adaptive_entropy": True, "router_aux_loss_coef": 0.001, "sync_ref_model": True, "use_vllm": True,
     "use_transformers_paged": True, "use_transformers_continuous_batching": True, "min_p": 0.05,
@@ -66,9 +65,10 @@ def test_a_field_that_turns_on_a_pinned_one_is_refused_under_that_name(tmp_path,
         make_args(tmp_path, **{name: value})
 
 
-def test_loss_type_and_scale_rewards_are_trls_grpo_and_group():
-    """What the pins claim: tarpo_loss has the gradient of TRL 1.15's loss_type='grpo' (per-sequence mean, then
-    batch mean) and group_advantages is scale_rewards='group' (TRL's grpo_trainer.py, the same formulas)."""
+def test_the_default_loss_type_and_scale_rewards_are_trls_grpo_and_group():
+    """The paper's defaults: tarpo_loss has the gradient of TRL 1.15's loss_type='grpo' (per-sequence mean, then
+    batch mean) and group_advantages is scale_rewards='group' (TRL's grpo_trainer.py, the same formulas; every
+    loss type against TRL's own code: tests/test_loss_variants.py)."""
     torch.manual_seed(0)
     rewards = torch.rand(8)
     grouped = rewards.view(-1, 4)
@@ -90,6 +90,24 @@ def test_loss_type_and_scale_rewards_are_trls_grpo_and_group():
     g_ours, = torch.autograd.grad(ours, logp)
     g_trl, = torch.autograd.grad(trl, logp)
     torch.testing.assert_close(g_ours, g_trl)
+
+
+@pytest.mark.parametrize("name, value", [("loss_type", "cispo"), ("scale_rewards", "row"),
+                                         ("importance_sampling_level", "step"), ("is_correction", "token"),
+                                         ("is_clip_max", 0.0), ("epsilon_high", -0.1), ("entropy_soft_when", "mid")])
+def test_a_bad_loss_or_routing_setting_is_refused_naming_it(tmp_path, name, value):
+    with pytest.raises(ValueError, match=rf"^TarpoConfig\.{name}="):
+        make_args(tmp_path, **{name: value})
+
+
+def test_the_mismatch_correction_is_refused_where_a_batch_is_reused(tmp_path):
+    with pytest.raises(ValueError, match=r"^TarpoConfig\.is_correction='token_mask': corrects on-policy training"):
+        make_args(tmp_path, is_correction="token_mask", num_iterations=2)
+    with pytest.raises(ValueError, match=r"^TarpoConfig\.is_clip_min=2\.0: must be below is_clip_max=1\.5"):
+        make_args(tmp_path, is_clip_min=2.0, is_clip_max=1.5)
+    args = make_args(tmp_path, loss_type="dapo", scale_rewards=False, importance_sampling_level="sequence",
+                     mask_truncated_completions=True, is_correction="sequence_mask", is_clip_max=None)
+    assert (args.loss_type, args.scale_rewards, args.is_clip_max) == ("dapo", "none", None)
 
 
 def test_the_saved_config_of_a_run_is_what_ran(tokenizer, tmp_path):

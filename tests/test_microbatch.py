@@ -33,7 +33,7 @@ G = 4            # completions per prompt
 PROMPTS = 2      # one generation batch: 2 prompts x 4 completions = 8 rows
 BIG, MICRO = (8, 1), (2, 4)  # (per_device_train_batch_size, gradient_accumulation_steps)
 EOS_BIAS = 1.5
-ROUTINGS = ["learned", "hard", "soft", "entropy", "hrpo", "soft_tokens"]
+ROUTINGS = ["learned", "hard", "soft", "entropy", "hrpo", "soft_tokens", "learned_gumbel"]
 
 
 def letter_reward(prompts, completions, **kwargs):

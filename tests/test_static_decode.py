@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 
 from helpers import BiasedBackbone, encode_prompts
 from tarpo.engine.backbone import Backbone
-from tarpo.engine.latent import GaussianSoftTokens, HrpoGate
+from tarpo.engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
 from tarpo.engine.mixture import topk_mixture
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
@@ -51,6 +51,8 @@ def run_both(model, tokenizer, routing, seed=0, **spec_kw):
         latent = HrpoGate(model.config.hidden_size, mixture=spec_kw.pop("mixture", "full"), a_range=(0.5, 0.6))
     elif routing == "soft_tokens":
         latent = GaussianSoftTokens(backbone.embed_weight)
+    elif routing == "learned_gumbel":
+        latent = GumbelTopK(0.5)
     enc = encode_prompts(tokenizer, PROMPTS)
     out = {}
     for engine in ("eager", "compiled"):
@@ -76,7 +78,7 @@ def assert_same(eager, compiled):
 ROUTINGS = [
     ("learned", {}), ("learned", {"router_greedy": True, "top_k": 20, "top_p": 0.9}), ("hard", {}), ("soft", {}),
     ("entropy", {"entropy_threshold": 2.0}), ("hrpo", {}), ("hrpo", {"mixture": "top_k"}), ("soft_tokens", {}),
-    ("learned", {"greedy": True}),
+    ("learned", {"greedy": True}), ("learned_gumbel", {}),
 ]
 
 

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from ..config import add_flags
+from ..config import ENTROPY_SIDES, add_flags
 from ..engine.latent import HRPO_WEIGHTS
 from ..engine.rollout import RolloutSpec, engine_for_backend
 from ..engine.router import ROUTER_WEIGHTS
@@ -55,7 +55,7 @@ PACKAGES = ("tarpo", "torch", "transformers", "peft", "trl", "math-verify")
 
 # the sampling settings of tarpo eval: flags of the TarpoConfig fields of the same names
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "action_temperature", "soft_top_k", "entropy_threshold",
-                  "entropy_temperature")
+                  "entropy_temperature", "entropy_soft_when")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -129,6 +129,8 @@ def check_arguments(args) -> None:
     for name in ("temperature", "action_temperature", "entropy_temperature"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+    if args.entropy_soft_when not in ENTROPY_SIDES:
+        raise ValueError(f"--entropy-soft-when {args.entropy_soft_when}: must be one of {', '.join(ENTROPY_SIDES)}")
     args.engine = engine_for_backend(args.engine, resolve_backend(args.backend), "--engine")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise ValueError("--batch-size and --limit must be >= 1")
@@ -144,6 +146,9 @@ def task_settings(args, task: str) -> dict:
         "router": "argmax" if args.router_argmax else "sample", "entropy_threshold": args.entropy_threshold,
         # only mode entropy reads it (None elsewhere, so files written before it existed still resume)
         "entropy_temperature": args.entropy_temperature if MODES[args.mode].rule.soft_when == ENTROPY else None,
+        # recorded where it is not the default "high", so files written before it existed still resume
+        "entropy_soft_when": (args.entropy_soft_when if MODES[args.mode].rule.soft_when == ENTROPY
+                              and args.entropy_soft_when != "high" else None),
         "max_prompt_length": args.max_prompt_length or prompt_len, "max_new_tokens": args.max_new_tokens or new_tokens,
         "seed": args.seed, "limit": args.limit, "data": args.data_dir and os.path.join(args.data_dir, task),
         "grader": args.grader or TASKS[task].grader, "dtype": args.dtype,
@@ -247,7 +252,8 @@ def sample_task(args, task: str, examples: list, traj: TrajectoryFile, model, ro
     s = traj.settings
     spec = RolloutSpec(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"],
                        top_p=s["top_p"], soft_top_k=s["soft_top_k"], entropy_threshold=s["entropy_threshold"],
-                       entropy_temperature=args.entropy_temperature, router_greedy=args.router_argmax,
+                       entropy_temperature=args.entropy_temperature,
+                       entropy_soft_when=args.entropy_soft_when, router_greedy=args.router_argmax,
                        engine=s.get("engine") or "eager")
     if spec.engine != "eager":  # one compiled graph per task: its longest prompt, every chunk padded to a full one
         spec = dataclasses.replace(spec, batch_size=traj.settings["questions_per_chunk"] * args.n,

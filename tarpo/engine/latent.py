@@ -144,3 +144,46 @@ class GaussianSoftTokens:
         d = inputs.shape[-1]
         sq = (inputs.float() - mean.float()).pow(2).sum(-1)
         return -sq / (2 * self.sigma ** 2) - d * (math.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+
+
+class GumbelTopK:
+    """Exploration inside the soft mode (SofT-GRPO's Gumbel-softmax; the paper's future work, docs/algorithm.md §8).
+
+    A soft step feeds the top-k mixture of :mod:`tarpo.engine.mixture` with its weights perturbed::
+
+        w = softmax((log alpha + g) / tau_g),   g_i = -log(-log u_i) iid Gumbel(0, 1),   log alpha = z_t / T_s at K_t
+
+    so ``w`` is a draw of the Concrete (Gumbel-softmax) distribution over the k-simplex, whose argmax is
+    a draw of softmax(z_t / T_s) restricted to the top k. The rollout records ``w`` (``soft_weights``),
+    training rebuilds the same inputs from it, and the policy gradient of such a step is the log-density
+    of the draw under the current policy (:meth:`log_density`, REINFORCE on the noise, as Soft Tokens').
+    """
+
+    def __init__(self, temperature: float = 0.5):
+        self.temperature = float(temperature)
+
+    @staticmethod
+    def weights(log_alpha: torch.Tensor, uniforms: torch.Tensor, temperature: float) -> torch.Tensor:
+        """The perturbed weights [..., k] fp32 for pre-drawn uniforms in (0, 1).
+
+            >>> GumbelTopK.weights(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.5, 0.5]]), 0.5)
+            tensor([[0.5000, 0.5000]])
+        """
+        return torch.softmax((log_alpha.float() - torch.log(-torch.log(uniforms))) / temperature, dim=-1)
+
+    def log_density(self, log_alpha: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``log Concrete(w; alpha, tau_g)`` [..., k] -> [...] (Maddison et al., 2017)::
+
+            (k-1)! tau^(k-1) prod_i alpha_i w_i^(-tau-1) / (sum_i alpha_i w_i^(-tau))^k
+
+        Unchanged by adding a constant to ``log_alpha``, so the tempered logits serve as they are.
+        A weight that underflowed to 0 in fp32 is read as 1e-38.
+
+            >>> g = GumbelTopK(1.0)  # k = 2, tau = 1, alpha = (1, 1): the uniform density 1 on the simplex
+            >>> round(float(g.log_density(torch.zeros(2), torch.tensor([0.3, 0.7])).exp()), 4)
+            1.0
+        """
+        k, tau = log_alpha.shape[-1], self.temperature
+        log_w = weights.float().clamp(min=1e-38).log()
+        return (math.lgamma(k) + (k - 1) * math.log(tau) + (log_alpha.float() - (tau + 1) * log_w).sum(-1)
+                - k * torch.logsumexp(log_alpha.float() - tau * log_w, dim=-1))

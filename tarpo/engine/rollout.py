@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import DynamicCache
 
-from ..config import ENGINES, default
+from ..config import ENGINES, ENTROPY_SIDES, default
 from ..routing import ROUTINGS, TOP_K, routing_rule
 from . import tag_automaton
 from .backbone import Backbone, decodes_on_its_own_path, positions_from_mask
@@ -57,6 +57,7 @@ class RolloutSpec:
     routing: str = default("routing")
     entropy_threshold: float = default("entropy_threshold")
     entropy_temperature: float = default("entropy_temperature")  # routing ``entropy``: the entropy of softmax(z_t / this)
+    entropy_soft_when: str = default("entropy_soft_when")  # routing ``entropy``: soft above ('high') or below ('low')
     router_greedy: bool = False
     greedy: bool = False  # argmax tokens (evaluation's greedy accuracy)
     answer_tag: str = default("answer_tag")
@@ -72,6 +73,8 @@ class RolloutSpec:
         routing_rule(self.routing, "RolloutSpec.routing")
         if self.entropy_temperature <= 0:
             raise ValueError(f"RolloutSpec.entropy_temperature={self.entropy_temperature!r}: must be > 0")
+        if self.entropy_soft_when not in ENTROPY_SIDES:
+            raise ValueError(f"RolloutSpec.entropy_soft_when={self.entropy_soft_when!r}: must be one of {ENTROPY_SIDES}")
 
     @classmethod
     def from_config(cls, config, **overrides) -> "RolloutSpec":
@@ -153,13 +156,15 @@ def hybrid_generate(
             calls): a function ``any_rank(flag: bool) -> bool``; ranks then decode until no
             rank has a running row, finished rows riding along (:func:`tarpo.training.distributed.any_rank`).
         latent: :class:`tarpo.engine.latent.HrpoGate` (routing ``hrpo``) or
-            :class:`tarpo.engine.latent.GaussianSoftTokens` (routing ``soft_tokens``).
+            :class:`tarpo.engine.latent.GaussianSoftTokens` (routing ``soft_tokens``) or
+            :class:`tarpo.engine.latent.GumbelTopK` (routing ``learned_gumbel``).
     """
     r = ROUTINGS[spec.routing]
     if r.router and router is None:
         raise ValueError(f"routing={spec.routing!r} needs a router")
     if r.soft_input != TOP_K and latent is None:
-        raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise)")
+        raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise / "
+                         "Gumbel temperature)")
     engine = resolve_engine(spec.engine, backbone)
     keys = None
     if engine == "compiled" or noise_seed is not None:

@@ -67,7 +67,7 @@ def gumbel_argmax(filtered_scores: torch.Tensor, uniforms: torch.Tensor) -> torc
 # ---- counter-based noise: a pure function of (seed, row, step, stream, index) ----------------------------------
 # Values are 32-bit integers held in int64 tensors; every product stays below 2**63 (no overflow).
 _M32 = 0xFFFFFFFF
-STREAM_TOKEN, STREAM_ROUTE, STREAM_GAUSSIAN = 0, 1, 2  # the Gaussian stream uses 2 and 3
+STREAM_TOKEN, STREAM_ROUTE, STREAM_GAUSSIAN, STREAM_GUMBEL = 0, 1, 2, 4  # the Gaussian stream uses 2 and 3
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

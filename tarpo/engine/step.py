@@ -21,8 +21,8 @@ A worked example, hard routing on a two-token vocabulary (token 1 is EOS)::
     >>> E = torch.eye(2)
     >>> bb = NS(embed_weight=E, logits=lambda h: h)
     >>> c = StepSettings(temperature=1.0, top_k=0, top_p=1.0, soft_top_k=2, routing="hard", entropy_threshold=0.5,
-    ...                  entropy_temperature=1.0, router_greedy=False, greedy=True, last_step=3, pad_token_id=0,
-    ...                  full_mix=False, gaussian=False, sigma=0.0)
+    ...                  entropy_temperature=1.0, entropy_soft_when="high", router_greedy=False, greedy=True,
+    ...                  last_step=3, pad_token_id=0, full_mix=False, gaussian=False, sigma=0.0, gumbel_temperature=0.0)
     >>> state = new_state(2, "cpu")
     >>> no_tag = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.bool)
     >>> out = hybrid_step(c, bb, None, None, torch.tensor([[2.0, 0.0], [0.0, 2.0]]), state, 0, None, None,
@@ -40,9 +40,9 @@ import torch
 
 from ..routing import ALWAYS, ENTROPY, NEVER, ROUTINGS
 from . import tag_automaton
-from .latent import GaussianSoftTokens
+from .latent import GaussianSoftTokens, GumbelTopK
 from .mixture import normalised_full_mixture, soft_step_input, soft_topk, topk_mixture
-from .sampling import (STREAM_GAUSSIAN, STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax,
+from .sampling import (STREAM_GAUSSIAN, STREAM_GUMBEL, STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax,
                        logprobs_and_entropy, sample_tokens, step_normals, step_uniforms)
 
 
@@ -57,6 +57,7 @@ class StepSettings:
     routing: str         # a rule of tarpo.routing.ROUTINGS
     entropy_threshold: float
     entropy_temperature: float
+    entropy_soft_when: str  # 'high' or 'low': routing 'entropy' goes soft above / below the threshold
     router_greedy: bool
     greedy: bool
     last_step: int       # the last step allowed (max_new_tokens - 1): no decision there
@@ -64,6 +65,7 @@ class StepSettings:
     full_mix: bool       # soft steps feed a recorded full-vocabulary mixture (HRPO "full", Soft Tokens)
     gaussian: bool       # Soft Tokens
     sigma: float         # Soft Tokens' noise std
+    gumbel_temperature: float  # > 0: soft steps' top-k weights are a Gumbel-softmax draw at this temperature
 
     @classmethod
     def of(cls, spec, pad_token_id: int, latent=None) -> "StepSettings":
@@ -72,10 +74,12 @@ class StepSettings:
         return cls(temperature=float(spec.temperature), top_k=int(spec.top_k), top_p=float(spec.top_p),
                    soft_top_k=int(spec.soft_top_k), routing=spec.routing,
                    entropy_threshold=float(spec.entropy_threshold),
-                   entropy_temperature=float(spec.entropy_temperature), router_greedy=bool(spec.router_greedy),
+                   entropy_temperature=float(spec.entropy_temperature),
+                   entropy_soft_when=str(spec.entropy_soft_when), router_greedy=bool(spec.router_greedy),
                    greedy=bool(spec.greedy), last_step=int(spec.max_new_tokens) - 1, pad_token_id=int(pad_token_id),
                    full_mix=gaussian or (gate is not None and gate.mixture == "full"), gaussian=gaussian,
-                   sigma=float(latent.sigma) if gaussian else 0.0)
+                   sigma=float(latent.sigma) if gaussian else 0.0,
+                   gumbel_temperature=float(latent.temperature) if ROUTINGS[spec.routing].gumbel else 0.0)
 
 
 def step_gate(routing: str, latent):
@@ -152,7 +156,8 @@ def _route(c, router, hidden, logits, entropy, decide, t, keys, generator):
     if when == ENTROPY:  # the entropy of softmax(z_t / entropy_temperature)
         if c.entropy_temperature != c.temperature:
             entropy = logprobs_and_entropy(logits / c.entropy_temperature)[1]
-        return decide & (entropy > c.entropy_threshold), p_soft
+        above = entropy > c.entropy_threshold
+        return decide & (above if c.entropy_soft_when == "high" else ~above), p_soft
     p = router.log_probs(hidden)[:, 1].exp()  # ROUTER
     if c.router_greedy:
         soft = p > 0.5
@@ -175,9 +180,22 @@ def _next_inputs(c, E, tokens, scaled, filtered, soft, gate, t, keys, generator)
         mixed = normalised_full_mixture(filtered, E)
     else:
         ids, weights = soft_topk(scaled, c.soft_top_k)
+        if c.gumbel_temperature:  # exploration inside the soft mode: a Gumbel-softmax draw of the weights
+            k = c.soft_top_k
+            u = step_uniforms(keys, t, STREAM_GUMBEL, k) if keys is not None else _uniforms(soft, k, generator)
+            weights = GumbelTopK.weights(scaled.gather(-1, ids), u, c.gumbel_temperature)
         mixed = topk_mixture(E, ids, weights)
     e = E[tokens]
     return torch.where(soft[:, None], soft_step_input(e, mixed, gate), e), ids, weights, mixed
+
+
+def _uniforms(soft, k, generator):
+    """Uniforms [B, k] in (0, 1) from ``generator``, drawn for the soft rows only (0.5 elsewhere)."""
+    out = torch.full((soft.shape[0], k), 0.5, dtype=torch.float32, device=soft.device)
+    n = int(soft.sum())
+    if n:
+        out[soft] = torch.rand(n, k, device=soft.device, generator=generator).clamp(1e-7, 1 - 1e-7)
+    return out
 
 
 def _normals(soft, d, generator):

@@ -263,7 +263,7 @@ def evaluation_args(cfg: dict, adapter: str) -> list[str]:
             cfg["system"], "--tasks", ",".join(cfg["eval_tasks"]), "--n", str(cfg["eval_n"]),
             "--out", os.path.join(cfg["run_dir"], "eval"), "--seed", str(cfg["trainer"]["seed"]),
             "--backend", cfg["backend"]]
-    for name in ("entropy_threshold", "entropy_temperature"):  # mode entropy routes as training did
+    for name in ("entropy_threshold", "entropy_temperature", "entropy_soft_when"):  # mode entropy routes as training did
         if name in cfg["trainer"]:
             args += [f"--{name.replace('_', '-')}", str(cfg["trainer"][name])]
     if cfg["eval_limit"]:

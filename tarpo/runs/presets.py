@@ -72,7 +72,10 @@ LORA_TARGET_PRESETS = {
 COMMON_FIELDS = ("learning_rate", "router_lr", "action_bias", "num_train_epochs", "beta", "alpha_action_kl",
                  "lambda_act", "temperature", "action_temperature", "soft_top_k", "max_grad_norm", "weight_decay",
                  "adam_beta2", "lr_scheduler_type", "warmup_steps", "lora_r", "lora_alpha", "lora_target_modules",
-                 "optim", "gradient_checkpointing", "logging_steps")
+                 "optim", "gradient_checkpointing", "logging_steps",
+                 # the loss variants and the mismatch correction (docs/algorithm.md §8): the paper's by default
+                 "loss_type", "scale_rewards", "importance_sampling_level", "mask_truncated_completions", "epsilon",
+                 "epsilon_high", "is_correction", "is_clip_min", "is_clip_max")
 LAUNCHER_SETTINGS = dict(bf16=True, seed=0, save_steps=100)
 
 
@@ -102,6 +105,15 @@ def _lora_targets(s):
     return list(LORA_TARGET_PRESETS[s.strip()]) if s.strip() in LORA_TARGET_PRESETS else _names(s)
 
 
+def _bound(s):
+    """A number, or ``none`` for no bound.
+
+    >>> _bound("3"), _bound("none")
+    (3.0, None)
+    """
+    return None if s.strip().lower() == "none" else float(s)
+
+
 def _bool(s):
     if s.lower() in ("1", "true", "yes"):
         return True
@@ -118,7 +130,8 @@ VARIABLES = {
     "TEMPERATURE": ("temperature", float), "SOFT_TOP_K": ("soft_top_k", int),
     "ENTROPY_THRESHOLD": ("entropy_threshold", float), "ENTROPY_TEMPERATURE": ("entropy_temperature", float),
     "HRPO_MIXTURE": ("hrpo_mixture", str), "HRPO_LAMBDA_LR": ("hrpo_lambda_lr", float),
-    "NOISE_SCALE": ("soft_tokens_noise_scale", float), "TOP_K": ("top_k", int), "TOP_P": ("top_p", float),
+    "NOISE_SCALE": ("soft_tokens_noise_scale", float),
+    "GUMBEL_TEMPERATURE": ("gumbel_temperature", float), "TOP_K": ("top_k", int), "TOP_P": ("top_p", float),
     "LORA_R": ("lora_r", int), "LORA_ALPHA": ("lora_alpha", int),
     "LORA_TARGETS": ("lora_target_modules", _lora_targets),
     "MAX_PROMPT_LENGTH": ("max_prompt_length", int), "MAX_COMPLETION_LENGTH": ("max_completion_length", int),
@@ -127,6 +140,11 @@ VARIABLES = {
     "EPOCHS": ("num_train_epochs", float), "MAX_STEPS": ("max_steps", int), "SAVE_STEPS": ("save_steps", int),
     "BF16": ("bf16", _bool), "GRAD_CHECKPOINTING": ("gradient_checkpointing", _bool), "OPTIM": ("optim", str),
     "ENGINE": ("rollout_engine", str),
+    "LOSS_TYPE": ("loss_type", str), "SCALE_REWARDS": ("scale_rewards", str),
+    "IS_LEVEL": ("importance_sampling_level", str), "MASK_TRUNCATED": ("mask_truncated_completions", _bool),
+    "EPSILON": ("epsilon", float), "EPSILON_HIGH": ("epsilon_high", float),
+    "IS_CORRECTION": ("is_correction", str), "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
+    "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str),
 }
 # launcher settings (not TarpoConfig fields)
 SETTINGS = {

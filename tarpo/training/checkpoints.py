@@ -292,3 +292,21 @@ def finished_step(run_dir: str, max_steps: int, num_train_epochs: float, gate: b
         return None
     done = [s for s, path in checkpoint_folders(run_dir) if s > step and not missing_files(path, gate)]
     return step if step >= target and not done else None
+
+
+def resume_point(resume_from_checkpoint, output_dir: str, gate: bool, report) -> str | None:
+    """What ``Trainer.train(resume_from_checkpoint=...)`` resumes from: ``True``, the newest *complete*
+    checkpoint of ``output_dir`` (the incomplete ones reported); a folder, checked complete; else None."""
+    if isinstance(resume_from_checkpoint, bool):
+        if not resume_from_checkpoint:
+            return None
+        found = last_complete_checkpoint(output_dir, gate=gate, report=report)
+        if found is None:
+            raise ValueError(f"No complete checkpoint found in output directory ({output_dir})")
+        return found
+    if resume_from_checkpoint is not None:
+        missing = missing_files(resume_from_checkpoint, gate=gate)
+        if missing:
+            raise ValueError(f"{resume_from_checkpoint} is incomplete (missing {', '.join(missing)}): resume from "
+                             "a complete checkpoint (tarpo.training.checkpoints.last_complete_checkpoint)")
+    return resume_from_checkpoint

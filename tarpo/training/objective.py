@@ -6,23 +6,38 @@ bool. Nothing here touches a model: :mod:`tarpo.training.scoring` produces the l
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..config import IS_CORRECTIONS, LOSS_TYPES, SCALE_REWARDS
 
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
-    """A_i = (r_i - mean(r)) / (std(r) + eps) within consecutive groups of ``group_size``.
 
-    ``std`` is the sample standard deviation (Bessel-corrected, as TRL's GRPO). A group
-    whose rewards are all equal gets A = 0, never NaN.
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, scale: str = "group") -> torch.Tensor:
+    """A_i = (r_i - mean(r)) / (std + eps), the mean over consecutive groups of ``group_size``.
+
+    ``scale`` (TRL's ``scale_rewards``): ``"group"`` divides by the group's standard deviation (the
+    paper), ``"batch"`` by the whole batch's, ``"none"`` not at all (Dr. GRPO). ``std`` is the sample
+    standard deviation (Bessel-corrected, as TRL's GRPO). A group whose rewards are all equal gets
+    A = 0, never NaN.
 
     >>> group_advantages(torch.tensor([1., 0., 0., 0., 1., 1., 1., 1.]), 4)
     tensor([ 1.4997, -0.4999, -0.4999, -0.4999,  0.0000,  0.0000,  0.0000,  0.0000])
+    >>> group_advantages(torch.tensor([1., 0., 0., 0., 1., 1., 1., 1.]), 4, scale="none")
+    tensor([ 0.7500, -0.2500, -0.2500, -0.2500,  0.0000,  0.0000,  0.0000,  0.0000])
     """
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards={scale!r}: must be one of {SCALE_REWARDS}")
     grouped = rewards.float().view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centred)
+    if scale == "none":
+        return centred.view(-1)
+    if scale == "batch":
+        std = rewards.float().std() if rewards.numel() > 1 else torch.zeros(())
+    else:
+        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centred)
     return (centred / (std + eps)).view(-1)
 
 
@@ -72,19 +87,96 @@ def two_class_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return kl_divergence(logp, ref_logp)
 
 
-def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps_high=None):
+def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps_high=None, level="token",
+                         mask=None):
     """Per-step surrogate whose gradient is -A * grad log p.
 
-    On-policy (``old_logp`` None, one gradient step per batch) it is ``-logp * A``, the
-    form of docs/algorithm.md §2. With several steps per batch it is PPO's clipped ratio form
-    ``-min(r A, clip(r, 1-eps, 1+eps_high) A)``, ``r = exp(logp - old_logp)``.
+    On-policy (``old_logp`` None, one gradient step per batch) and per step (``level="token"``) it is
+    ``-logp * A``, the form of docs/algorithm.md §2. With several steps per batch it is PPO's clipped
+    ratio form ``-min(r A, clip(r, 1-eps, 1+eps_high) A)`` with ``r = exp(logp - old_logp)`` per step,
+    or, with ``level="sequence"`` (GSPO, TRL's ``importance_sampling_level``), one ratio per row,
+    ``r_i = exp(mean of logp - old_logp over the row's steps in mask)``, the same at every step of the
+    row; on-policy ``old_logp`` is then ``logp`` detached (r = 1, gradient (1/n_i) sum_t grad log p).
     """
     adv = advantages[:, None]
-    if old_logp is None:
+    if old_logp is None and level == "token":
         return -logp * adv
-    ratio = torch.exp(logp - old_logp)
+    log_ratio = logp - (logp.detach() if old_logp is None else old_logp)
+    if level == "sequence":
+        m = mask.float()
+        log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1))[:, None].expand_as(logp)
+    ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - clip_eps, 1 + (clip_eps if clip_eps_high is None else clip_eps_high))
     return -torch.min(ratio * adv, clipped * adv)
+
+
+def aggregate(per_step: torch.Tensor, mask: torch.Tensor, loss_type: str = "grpo",
+              max_completion_length: int | None = None, num_units: float | None = None) -> torch.Tensor:
+    """The batch's loss from per-step losses (zero outside ``mask``), as TRL's ``loss_type``:
+
+    - ``grpo`` (the paper): mean over rows of ``(1/T_i) sum_t`` (T_i = the row's units, hard + soft);
+    - ``bnpo``: ``sum / (units in this batch)``;
+    - ``dr_grpo``: ``sum / (rows * max_completion_length)``;
+    - ``dapo``: ``sum / num_units``, the units of the whole generation batch on every process, divided by
+      the processes and the optimizer steps it spans (the trainer passes it).
+
+        >>> x, m = torch.tensor([[1., 1., 0.], [3., 0., 0.]]), torch.tensor([[True, True, False], [True, False, False]])
+        >>> [round(float(aggregate(x, m, t, 3, 3.0)), 4) for t in ("grpo", "bnpo", "dr_grpo", "dapo")]
+        [2.0, 1.6667, 0.8333, 1.6667]
+    """
+    total = per_step * mask.float()
+    if loss_type == "grpo":
+        return (total.sum(-1) / mask.sum(-1).clamp(min=1).float()).mean()
+    if loss_type == "bnpo":
+        return total.sum() / mask.sum().clamp(min=1).float()
+    if loss_type == "dr_grpo":
+        return total.sum() / (per_step.shape[0] * max_completion_length)
+    if loss_type == "dapo":
+        return total.sum() / max(float(num_units), 1.0)
+    raise ValueError(f"loss_type={loss_type!r}: must be one of {LOSS_TYPES}")
+
+
+def mismatch_weights(pairs, mode: str, clip_min: float | None, clip_max: float | None):
+    """Importance weights correcting the rollout/training mismatch (docs/algorithm.md §8), detached.
+
+    ``pairs``: ``(logp, rollout_logp, mask)`` [B, T] per kind of action (the tokens, the routing
+    actions), ``logp`` the training forward's log-probs of what the rollout emitted, ``rollout_logp``
+    the rollout's own. The ratio is ``exp(logp - rollout_logp)``: per step (``token_*``), or one per row
+    (``sequence_*``) from the **mean** of the log-ratios over all the row's actions of every kind, the
+    joint trajectory's ratio per action. ``*_truncate`` clamps it to ``[clip_min, clip_max]``, ``*_mask``
+    sets it to 0 outside. Returns one weight tensor per pair (1 outside its mask; [B, T]) and the
+    statistics of the raw ratios (``ratio_mean``, ``ratio_min``, ``ratio_max``, ``corrected``: the
+    fraction clamped or masked).
+
+        >>> lp, old, m = torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]])), torch.ones(1, 2, dtype=torch.bool)
+        >>> [[round(x, 4) for x in w[0].tolist()] for w in mismatch_weights([(lp, old, m)], "token_truncate", None, 1.5)[0]]
+        [[1.5, 0.5]]
+        >>> [[round(x, 4) for x in w[0].tolist()] for w in mismatch_weights([(lp, old, m)], "sequence_mask", None, 1.5)[0]]
+        [[1.0, 1.0]]
+    """
+    if mode not in IS_CORRECTIONS or mode == "none":
+        raise ValueError(f"is_correction={mode!r}: must be one of {IS_CORRECTIONS[1:]}")
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    logs = [torch.where(m, lp.detach() - old, torch.zeros_like(old)) for lp, old, m in pairs]
+    if mode.startswith("sequence"):
+        count = sum(m.float().sum(-1) for _, _, m in pairs)
+        ratio = torch.exp(sum(x.sum(-1) for x in logs) / count.clamp(min=1))  # [B]
+        raw = [ratio[:, None].expand_as(x) for x in logs]
+        observed = ratio[count > 0]
+    else:
+        raw = [torch.exp(x) for x in logs]
+        observed = torch.cat([r[m] for r, (_, _, m) in zip(raw, pairs)])
+    if mode.endswith("truncate"):
+        weights = [r.clamp(min=clip_min, max=clip_max) for r in raw]
+    else:
+        weights = [torch.where((r < low) | (r > high), torch.zeros_like(r), r) for r in raw]
+    weights = [torch.where(m, w, torch.ones_like(w)) for w, (_, _, m) in zip(weights, pairs)]
+    if observed.numel() == 0:
+        observed = torch.ones(1, device=logs[0].device)
+    stats = {"ratio_mean": observed.mean(), "ratio_min": observed.min(), "ratio_max": observed.max(),
+             "corrected": ((observed < low) | (observed > high)).float().mean()}
+    return weights, stats
 
 
 def tarpo_loss(
@@ -109,6 +201,11 @@ def tarpo_loss(
     clip_eps_high: float | None = None,
     token_loss_on_soft: bool = False,
     logp_latent: torch.Tensor | None = None,
+    loss_type: str = "grpo",
+    level: str = "token",
+    max_completion_length: int | None = None,
+    num_units: float | None = None,
+    is_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The TARPO loss (docs/algorithm.md §2), averaged over the trajectories of the batch::
 
@@ -132,37 +229,39 @@ def tarpo_loss(
     ``1[d_t = soft] log N(u_t; mu_theta(s_t), sigma^2 I)``, the log-likelihood of the
     noisy input it fed (on-policy only).
 
+    ``loss_type`` aggregates every term the same way (:func:`aggregate`; ``grpo`` is the formula
+    above), ``level`` is the ratio's level of :func:`policy_gradient_term` for the token and the
+    router terms alike, and ``is_weights`` = (token weights, router weights) [B, T], detached, multiply
+    the two policy-gradient terms (:func:`mismatch_weights`; the KL terms are not weighted).
+
     Args are [B, T] tensors except ``advantages`` [B]; ``logp_act`` is log rho of the
     action taken, ``kl_tok`` the per-step token KL (k3 or full), ``kl_act`` the per-step
     KL(rho || rho_ref). Returns the scalar loss and its per-term means (detached).
     """
-    mask = completion_mask.float()
-    inv_len = 1.0 / completion_mask.sum(-1).clamp(min=1).float()
-    token_steps = (completion_mask if token_loss_on_soft else completion_mask & ~is_soft).float()
-    thinking = (completion_mask & decided).float() if use_router else torch.zeros_like(mask)
+    token_steps = completion_mask if token_loss_on_soft else completion_mask & ~is_soft
+    thinking = completion_mask & decided if use_router else torch.zeros_like(completion_mask)
+    w_tok, w_act = is_weights if is_weights is not None else (1.0, 1.0)
 
-    pg_tok = policy_gradient_term(logp_tok, advantages, old_logp_tok, clip_eps, clip_eps_high)
-    l_tok = (pg_tok * token_steps).sum(-1) * inv_len
+    def total(per_step):
+        return aggregate(per_step, completion_mask, loss_type, max_completion_length, num_units)
+
+    pg_tok = policy_gradient_term(logp_tok, advantages, old_logp_tok, clip_eps, clip_eps_high, level, token_steps)
+    per_tok = pg_tok * w_tok * token_steps
     if logp_latent is not None:
         if old_logp_tok is not None:
             raise ValueError("the Soft Tokens term is on-policy only (one gradient step per batch)")
-        l_tok = l_tok + (policy_gradient_term(logp_latent, advantages) * (completion_mask & is_soft)).sum(-1) * inv_len
+        per_tok = per_tok + policy_gradient_term(logp_latent, advantages) * (completion_mask & is_soft)
+    ones = torch.ones_like(logp_tok)
+    per_act = per_kl_act = torch.zeros_like(logp_tok)
+    delta = ones
     if use_router:
-        pg_act = policy_gradient_term(logp_act, advantages, old_logp_act, clip_eps, clip_eps_high)
-        l_act = (pg_act * thinking).sum(-1) * inv_len
-        delta = p_hard.detach() if detach_kl_weight else p_hard
-        delta = torch.where(thinking.bool(), delta, torch.ones_like(delta))
-        kl_act_sum = (kl_act * thinking).sum(-1) * inv_len
-    else:
-        l_act = torch.zeros_like(l_tok)
-        delta = torch.ones_like(mask)
-        kl_act_sum = torch.zeros_like(l_tok)
-    kl_tok_sum = (delta * kl_tok * mask).sum(-1) * inv_len
+        pg_act = policy_gradient_term(logp_act, advantages, old_logp_act, clip_eps, clip_eps_high, level, thinking)
+        per_act = pg_act * w_act * thinking
+        delta = torch.where(thinking, p_hard.detach() if detach_kl_weight else p_hard, ones)
+        per_kl_act = kl_act * thinking
+    l_tok, l_act = total(per_tok), total(per_act)
+    kl_tok_sum, kl_act_sum = total(delta * kl_tok), total(per_kl_act)
     l_kl = kl_tok_sum + alpha * kl_act_sum
-
-    loss = (l_tok + lambda_act * l_act + beta * l_kl).mean()
-    terms = {
-        "loss_tok": l_tok.mean(), "loss_act": l_act.mean(), "loss_kl": l_kl.mean(),
-        "kl_tok": kl_tok_sum.mean(), "kl_act": kl_act_sum.mean(),
-    }
+    loss = l_tok + lambda_act * l_act + beta * l_kl
+    terms = {"loss_tok": l_tok, "loss_act": l_act, "loss_kl": l_kl, "kl_tok": kl_tok_sum, "kl_act": kl_act_sum}
     return loss, {k: v.detach() for k, v in terms.items()}

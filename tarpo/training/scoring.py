@@ -20,7 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..engine.backbone import Backbone, positions_from_mask
-from ..engine.latent import GaussianSoftTokens, HrpoGate
+from ..engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
 from ..engine.mixture import build_inputs_embeds
 from .objective import k3, kl_divergence, two_class_kl
 
@@ -34,7 +34,8 @@ class StepScores:
     p_hard: torch.Tensor            # rho_theta(hard|h_t) (1 where no router)
     kl_tok: torch.Tensor            # k3 or full KL to pi_ref (0 if no reference)
     kl_act: torch.Tensor            # KL(rho_theta || rho_ref) (0 if no reference / router)
-    logp_latent: torch.Tensor | None = None  # Soft Tokens: log N(u_t; mean_theta, sigma^2 I) at soft steps
+    logp_latent: torch.Tensor | None = None  # log-density of a soft step's random input: Soft Tokens' log N(u_t;
+                                             # mean_theta, sigma^2 I), GumbelTopK's log Concrete(w_t; alpha_theta)
 
 
 def sequence_hidden(backbone: Backbone, rollout, gate=None) -> torch.Tensor:
@@ -92,6 +93,19 @@ def latent_logprobs(head, embedding, hidden, inputs, mask, temperature, chunk_si
     return out
 
 
+def _concrete_chunk(head, hidden, ids, weights, temperature, gumbel):
+    return gumbel.log_density(head(hidden).float().gather(-1, ids) / temperature, weights)
+
+
+def gumbel_logprobs(head, hidden, ids, weights, mask, temperature, chunk_size, gumbel) -> torch.Tensor:
+    """Gumbel exploration: log Concrete(w_t; alpha = exp(head(h)/T_s) at the recorded top-k ids) at masked
+    steps, 0 elsewhere (:class:`tarpo.engine.latent.GumbelTopK`)."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+    out[mask] = _chunked(lambda h, i, w: _concrete_chunk(head, h, i, w, temperature, gumbel), chunk_size,
+                         hidden[mask], ids[mask], weights[mask])
+    return out
+
+
 def token_logprobs(head, hidden, targets, mask, temperature, chunk_size) -> torch.Tensor:
     """log softmax(head(h)/T_s)[v_t] at masked positions, 0 elsewhere; [B, T] fp32."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
@@ -126,8 +140,8 @@ def score_rollout(
 
     The reference is the same backbone with its adapter disabled, fed the same inputs;
     ``ref_router`` (a frozen copy of the initial router) reads its hidden states.
-    ``latent``: HRPO's gate (rebuilds gated inputs) or Soft Tokens' noise model (adds
-    ``logp_latent`` at soft steps).
+    ``latent``: HRPO's gate (rebuilds gated inputs), Soft Tokens' noise model or the Gumbel exploration
+    (each adds ``logp_latent`` at soft steps).
     """
     gate = latent if isinstance(latent, HrpoGate) else None
     mask = rollout.completion_mask
@@ -142,6 +156,9 @@ def score_rollout(
     logp_latent = None
     if isinstance(latent, GaussianSoftTokens):
         logp_latent = latent_logprobs(backbone.logits, backbone.embed_weight, hidden, rollout.soft_inputs,
+                                      mask & rollout.is_soft, temperature, chunk_size, latent)
+    if isinstance(latent, GumbelTopK):
+        logp_latent = gumbel_logprobs(backbone.logits, hidden, rollout.soft_ids, rollout.soft_weights,
                                       mask & rollout.is_soft, temperature, chunk_size, latent)
     if with_reference:
         with torch.no_grad(), backbone.adapter_disabled():

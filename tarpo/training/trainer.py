@@ -48,7 +48,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from ..config import TarpoConfig
 from ..engine.backbone import Backbone, unwrap
 from ..engine.engine_choice import RunEngine, decoder_layers
-from ..engine.latent import GaussianSoftTokens, HrpoGate
+from ..engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
 from ..engine.rollout import Rollout, RolloutSpec, decodes_on_its_own_path, hybrid_generate
 from ..engine.router import Router
 from ..engine.tagging import token_piece_fn
@@ -60,7 +60,7 @@ from ..routing import ROUTINGS
 from ..tasks.prompts import count_too_long, encode_prompts
 from . import checkpoints
 from .distributed import check_not_sharded, forward_through, rollout_seed, same_on_every_rank
-from .objective import group_advantages, tarpo_loss
+from .objective import group_advantages, mismatch_weights, tarpo_loss
 from .optimizer import keep_fp32_state, parameter_groups
 from .scoring import StepScores, score_rollout
 
@@ -121,7 +121,7 @@ class TarpoTrainer(GRPOTrainer):
                                        init_std=getattr(base.config, "initializer_range", 0.02),
                                        mixture=args.hrpo_mixture).to(self.accelerator.device)
         self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
-                      if self.rule.gaussian else None)
+                      if self.rule.gaussian else GumbelTopK(args.gumbel_temperature) if self.rule.gumbel else None)
         self._seed_step, self._seed_index = None, 0
         check_not_sharded(self.accelerator)
         check_overrides(self, TarpoTrainer)
@@ -150,7 +150,7 @@ class TarpoTrainer(GRPOTrainer):
 
     @property
     def latent(self):
-        """What soft steps feed besides the plain mixture: HRPO's gate or Soft Tokens' noise."""
+        """What soft steps feed besides the plain mixture: HRPO's gate, Soft Tokens' noise or the Gumbel draw."""
         return self.gate if self.gate is not None else self.noise
 
     def backbone(self) -> Backbone:
@@ -214,13 +214,22 @@ class TarpoTrainer(GRPOTrainer):
         completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompts[0], list) else texts
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)  # all processes
         rewards = torch.nan_to_num((rewards_per_func * self.reward_weights.to(device)[None]).nansum(1), nan=0.0)
-        advantages = group_advantages(rewards, self.num_generations, self.args.advantage_eps)
+        advantages = group_advantages(rewards, self.num_generations, self.args.advantage_eps, self.args.scale_rewards)
         local = slice(self.accelerator.process_index * len(prompts), (self.accelerator.process_index + 1) * len(prompts))
 
         self._log_rollout(mode, rollout, rewards, rewards_per_func, n_trunc, prompts, completions)
         out = {key: getattr(rollout, key) for key in _ROLLOUT_KEYS}
         out["advantages"] = advantages[local]
+        # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step
+        units = self.accelerator.gather(self._loss_mask(rollout).sum()[None]).sum().float()
+        out["num_units"] = (units / (self.accelerator.num_processes * self.args.steps_per_generation)).expand(len(prompts))
         return out
+
+    def _loss_mask(self, rollout: Rollout) -> torch.Tensor:
+        """The steps in the loss: all of them, or with mask_truncated_completions those of completions that ended."""
+        if self.args.mask_truncated_completions:
+            return rollout.completion_mask & rollout.ended_with_eos[:, None]
+        return rollout.completion_mask
 
     def _next_rollout_seed(self) -> int:
         step = self.state.global_step
@@ -272,25 +281,37 @@ class TarpoTrainer(GRPOTrainer):
 
         # through the module accelerate wrapped, so that DDP all-reduces the gradients (tarpo.training.distributed)
         scores = StepScores(**forward_through(model, self.accelerator.unwrap_model(model), forward))
-        old_tok = old_act = None
-        if self.off_policy:
-            old_tok = rollout.logp
-            old_act = torch.where(rollout.is_soft, rollout.p_soft, 1 - rollout.p_soft).clamp(min=1e-12).log()
+        mask = self._loss_mask(rollout)
+        rollout_act = torch.where(rollout.is_soft, rollout.p_soft, 1 - rollout.p_soft).clamp(min=1e-12).log()
+        old_tok, old_act = (rollout.logp, rollout_act) if self.off_policy else (None, None)
+        is_weights, is_stats = None, {}
+        if args.is_correction != "none":  # the rollout's log-probs against this forward's (docs/algorithm.md §8)
+            token_steps = mask if self.rule.token_fed_when_soft else mask & ~rollout.is_soft
+            pairs = [(scores.logp_tok, rollout.logp, token_steps),
+                     (scores.logp_act, rollout_act, mask & rollout.decided & self.use_router)]
+            (w_tok, w_act), is_stats = mismatch_weights(pairs, args.is_correction, args.is_clip_min, args.is_clip_max)
+            is_weights = (w_tok, w_act)
         loss, terms = tarpo_loss(
             logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard, kl_tok=scores.kl_tok,
-            kl_act=scores.kl_act, advantages=inputs["advantages"], completion_mask=rollout.completion_mask,
+            kl_act=scores.kl_act, advantages=inputs["advantages"], completion_mask=mask,
             is_soft=rollout.is_soft, decided=rollout.decided, lambda_act=args.lambda_act, beta=args.beta,
             alpha=args.alpha_action_kl, use_router=self.use_router, detach_kl_weight=args.detach_kl_weight,
             old_logp_tok=old_tok, old_logp_act=old_act, clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
             token_loss_on_soft=self.rule.token_fed_when_soft, logp_latent=scores.logp_latent,
+            loss_type=args.loss_type, level=args.importance_sampling_level,
+            max_completion_length=args.max_completion_length, num_units=inputs["num_units"][0],
+            is_weights=is_weights,
         )
+        terms.update({f"importance_sampling/{k}": v for k, v in is_stats.items()})
         mode = "train" if self.model.training else "eval"
         # Drift between the sampling-time and the training-forward log-probs of the same tokens:
         # ~0 on-policy (numerics only); grows when a batch is reused after optimizer steps.
         mask = rollout.completion_mask
         terms["logp_drift"] = ((scores.logp_tok.detach() - rollout.logp).abs() * mask).sum() / mask.sum().clamp(min=1)
-        for name, value in terms.items():
-            self._metrics[mode][name].append(self.accelerator.gather(value[None]).mean().item())
+        for name, value in terms.items():  # a minimum and a maximum over the processes, else the mean
+            value = self.accelerator.gather(value[None])
+            value = value.min() if name.endswith("_min") else value.max() if name.endswith("_max") else value.mean()
+            self._metrics[mode][name].append(value.item())
         return loss / self.current_gradient_accumulation_steps
 
     # ------------------------------------------------------------------ checkpoints
@@ -354,22 +375,7 @@ class TarpoTrainer(GRPOTrainer):
             self.gate.load_state_dict(HrpoGate.load(resume_from_checkpoint).state_dict())
 
     def _resume_point(self, resume_from_checkpoint):
-        """``True``: the newest *complete* checkpoint of the output folder (the incomplete ones named);
-        a folder: checked complete. Returns the folder to resume from, or None."""
-        if isinstance(resume_from_checkpoint, bool):
-            if not resume_from_checkpoint:
-                return None
-            resume_from_checkpoint = checkpoints.last_complete_checkpoint(
-                self.args.output_dir, gate=self.gate is not None, report=logger.warning)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"No complete checkpoint found in output directory ({self.args.output_dir})")
-            return resume_from_checkpoint
-        if resume_from_checkpoint is not None:
-            missing = checkpoints.missing_files(resume_from_checkpoint, gate=self.gate is not None)
-            if missing:
-                raise ValueError(f"{resume_from_checkpoint} is incomplete (missing {', '.join(missing)}): resume from "
-                                 "a complete checkpoint (tarpo.training.checkpoints.last_complete_checkpoint)")
-        return resume_from_checkpoint
+        return checkpoints.resume_point(resume_from_checkpoint, self.args.output_dir, self.gate is not None, logger.warning)
 
     def _at_the_end(self, checkpoint) -> bool:
         """Whether ``checkpoint`` is at the last step of this training (the Trainer would still train
