@@ -36,12 +36,12 @@ def test_noisy_demonstrations_keep_the_chain_consistent():
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
-    return demo.warm_start(str(tmp_path_factory.mktemp("cache")), sft_steps=500, seed=0, noise=0.4)
+    return demo.warm_start(str(tmp_path_factory.mktemp("cache")), sft_steps=200, seed=0, noise=0.4)
 
 
 def test_warm_start_is_cached(warm):
     assert os.path.exists(os.path.join(warm, "DONE"))
-    assert demo.warm_start(os.path.dirname(warm), sft_steps=500, seed=0, noise=0.4) == warm
+    assert demo.warm_start(os.path.dirname(warm), sft_steps=200, seed=0, noise=0.4) == warm
 
 
 def even_answer(prompts, completions, **columns):
@@ -55,7 +55,7 @@ def even_answer(prompts, completions, **columns):
 
 
 def test_tarpo_training_raises_the_reward_of_the_tiny_model(warm, tmp_path):
-    """Fixed seed, 40 TARPO steps (~30 s on 2 cores): the mean reward of the last 10 steps
+    """Fixed seed, 40 TARPO steps (about 70 s on one core): the mean reward of the last 10 steps
     clearly beats that of the first 10."""
     args = demo.parse_args(["--steps", "40", "--seed", "0"])
     demo.train_rl("tarpo", warm, str(tmp_path / "tarpo"), args, reward=even_answer)
@@ -69,7 +69,7 @@ def test_tarpo_training_raises_the_reward_of_the_tiny_model(warm, tmp_path):
 
 def test_demo_pipeline_writes_the_run_folder(warm, tmp_path, capsys):
     out = tmp_path / "run"
-    path = demo.main(["--out", str(out), "--cache-dir", os.path.dirname(warm), "--sft-steps", "500", "--steps", "2",
+    path = demo.main(["--out", str(out), "--cache-dir", os.path.dirname(warm), "--sft-steps", "200", "--steps", "2",
                       "--eval-questions", "8", "--eval-n", "2"])
     summary = json.loads(open(path).read())
     assert set(summary) == {"cot", "grpo", "tarpo"}
