@@ -34,14 +34,18 @@ def test_noisy_demonstrations_keep_the_chain_consistent():
             assert step.startswith(prev)  # the next step continues from the (wrong) result
 
 
+# the warm start the tests share (the pipeline test finds it in the cache by these settings)
+WARM_STEPS = 200
+
+
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
-    return demo.warm_start(str(tmp_path_factory.mktemp("cache")), sft_steps=200, seed=0, noise=0.4)
+    return demo.warm_start(str(tmp_path_factory.mktemp("cache")), sft_steps=WARM_STEPS, seed=0, noise=0.4)
 
 
 def test_warm_start_is_cached(warm):
     assert os.path.exists(os.path.join(warm, "DONE"))
-    assert demo.warm_start(os.path.dirname(warm), sft_steps=200, seed=0, noise=0.4) == warm
+    assert demo.warm_start(os.path.dirname(warm), sft_steps=WARM_STEPS, seed=0, noise=0.4) == warm
 
 
 def even_answer(prompts, completions, **columns):
@@ -69,7 +73,7 @@ def test_tarpo_training_raises_the_reward_of_the_tiny_model(warm, tmp_path):
 
 def test_demo_pipeline_writes_the_run_folder(warm, tmp_path, capsys):
     out = tmp_path / "run"
-    path = demo.main(["--out", str(out), "--cache-dir", os.path.dirname(warm), "--sft-steps", "200", "--steps", "2",
+    path = demo.main(["--out", str(out), "--cache-dir", os.path.dirname(warm), "--sft-steps", str(WARM_STEPS), "--steps", "2",
                       "--eval-questions", "8", "--eval-n", "2"])
     summary = json.loads(open(path).read())
     assert set(summary) == {"cot", "grpo", "tarpo"}
