@@ -3,6 +3,7 @@ import os
 import random
 
 import pytest
+import torch
 
 from tarpo import demo
 from tarpo.tasks.graders import score
@@ -32,6 +33,35 @@ def test_noisy_demonstrations_keep_the_chain_consistent():
         assert answer == results[-1] and answer != p["answer"] or level > 1
         for prev, step in zip(results, steps.split(" ")[1:]):
             assert step.startswith(prev)  # the next step continues from the (wrong) result
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_shared_prefix_loss_equals_the_loss_of_the_full_rows(arch):
+    """The warm start runs the prompts' common beginning once and repeats its keys and values
+    over the batch: loss and every gradient equal those of the whole right-padded rows."""
+    from tarpo.tiny import char_tokenizer, tiny_causal_lm
+
+    tok = char_tokenizer()
+    model = tiny_causal_lm(tok, arch, 32, 2, 4, 2, 64, seed=0).train()
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(5, len(tok), (7,), generator=gen)
+    lengths = [5, 9, 3]
+    ids = torch.full((3, 9), tok.pad_token_id)
+    mask, labels = torch.zeros_like(ids), torch.full_like(ids, -100)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(5, len(tok), (n,), generator=gen)
+        mask[i, :n] = 1
+        labels[i, 2:n] = ids[i, 2:n]  # the first two tokens of each row are prompt
+    full_ids = torch.cat([prefix.expand(3, -1), ids], dim=1)
+    full = model(input_ids=full_ids, attention_mask=torch.cat([torch.ones(3, 7, dtype=torch.long), mask], 1),
+                 labels=torch.cat([torch.full((3, 7), -100), labels], 1)).loss
+    full_grads = torch.autograd.grad(full, list(model.parameters()))
+    shared = demo.shared_prefix_loss(model, prefix, ids, mask, labels)
+    shared_grads = torch.autograd.grad(shared, list(model.parameters()))
+    torch.testing.assert_close(shared, full, rtol=1e-5, atol=1e-6)
+    for (name, _), g, h in zip(model.named_parameters(), shared_grads, full_grads):
+        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-6, msg=name)
+    assert all(h.abs().sum() > 0 for h in full_grads)  # the prefix's own layers are reached too
 
 
 # the warm start the tests share (the pipeline test finds it in the cache by these settings)
