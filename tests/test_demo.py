@@ -89,14 +89,14 @@ def even_answer(prompts, completions, **columns):
 
 
 def test_tarpo_training_raises_the_reward_of_the_tiny_model(warm, tmp_path):
-    """Fixed seed, 40 TARPO steps (about 70 s on one core): the mean reward of the last 10 steps
-    clearly beats that of the first 10."""
-    args = demo.parse_args(["--steps", "40", "--seed", "0"])
+    """Fixed seed, 20 TARPO steps (about 25 s on one core): the mean reward of the last 5 steps
+    clearly beats that of the first 5 (0.46 -> 0.93 when written; 40 steps reach 0.98)."""
+    args = demo.parse_args(["--steps", "20", "--seed", "0"])
     demo.train_rl("tarpo", warm, str(tmp_path / "tarpo"), args, reward=even_answer)
     rows = [json.loads(line) for line in open(tmp_path / "tarpo" / "metrics.jsonl")]
     rewards = [r["reward"] for r in rows if "reward" in r]
-    assert len(rewards) == 40
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert len(rewards) == 20
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.15, (first, last)
     assert any(r["soft_ratio"] > 0 for r in rows if "soft_ratio" in r)
 

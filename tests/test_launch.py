@@ -4,6 +4,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from html.parser import HTMLParser
 
 import pytest
@@ -116,6 +117,17 @@ def test_the_compiled_engine_is_refused_on_unsloth_before_anything_loads():
 def test_bad_settings_name_the_variable(env, message):
     res = launch("run_math.sh", DRY_RUN="1", **env)
     assert res.returncode == 2 and message in res.stderr
+
+
+@pytest.mark.parametrize("env, message", [({"BETA": "abc"}, "BETA='abc'"), ({"DATA_PATH": "/no/such"}, "DATA_PATH=/no/such"),
+                                          ({"EVAL_DATA_DIR": "/no/such"}, "EVAL_DATA_DIR=/no/such: no such folder")])
+def test_a_mistyped_variable_is_refused_before_torch_or_trl_is_imported(env, message):
+    """The refusal costs a Python start-up, not the seconds of importing torch, TRL, PEFT and bitsandbytes."""
+    code = ("import sys; from tarpo.runs.launch import main; rc = main(['math']); "
+            "print(rc, 'torch' in sys.modules, 'trl' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "DRY_RUN": "1", **env})
+    assert res.stdout.split() == ["2", "False", "False"] and message in res.stderr, res.stdout + res.stderr
 
 
 ACCELERATE = ["-m", "accelerate.commands.launch"]

@@ -33,7 +33,6 @@ import tempfile
 
 from ..files import write_json_atomic
 from ..routing import ROUTINGS
-from ..training.distributed import cpu_requested
 from .presets import resolve
 
 LAUNCHED = "TARPO_LAUNCHED"  # "1" in the processes that accelerate launch starts for a launcher run
@@ -104,12 +103,9 @@ def cpu_run_estimate(cfg: dict, model, tokenizer, dataset) -> float:
 
 
 def check_data(cfg: dict) -> None:
-    path = cfg["data_path"]
-    if path is not None and not os.path.exists(path):
-        raise ValueError(f"DATA_PATH={path}: no such file or folder")
+    """EVAL=1 with an EVAL_DATA_DIR needs a folder there for each benchmark (that DATA_PATH and
+    EVAL_DATA_DIR exist, :func:`tarpo.runs.presets.resolve` has checked)."""
     root = cfg["eval_data_dir"]
-    if root is not None and not os.path.isdir(root):
-        raise ValueError(f"EVAL_DATA_DIR={root}: no such folder")
     if cfg["eval"] and root is not None:
         missing = [t for t in cfg["eval_tasks"] if not os.path.exists(os.path.join(root, t))]
         if missing:
@@ -317,11 +313,13 @@ def main(argv=None) -> int:
         print("usage: python -m tarpo.runs.launch {gsm8k|math|dapo}   (settings come from the environment)",
               file=sys.stderr)
         return 2
-    import torch
-    cuda = torch.cuda.is_available()
     main_process, launched = process_rank() == 0, os.environ.get(LAUNCHED) == "1"
     try:
-        cfg = resolve(argv[0], dict(os.environ))
+        cfg = resolve(argv[0], dict(os.environ))  # a bad variable is refused before torch is imported
+        import torch
+
+        from ..training.distributed import cpu_requested
+        cuda = torch.cuda.is_available()
         command = training_command(cfg)
         cfg["launch_command"] = None if command is None else shlex.join(command)
         cpu = cpu_requested()

@@ -214,10 +214,15 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
     for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
+    for name in ("DATA_PATH", "EVAL_DATA_DIR"):
+        if name in s and not (os.path.isdir if name == "EVAL_DATA_DIR" else os.path.exists)(s[name]):
+            raise ValueError(f"{name}={s[name]}: no such {'folder' if name == 'EVAL_DATA_DIR' else 'file or folder'}")
+    # every variable is parsed before common() imports TRL: a mistyped value is refused in about a second
+    overrides = {VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES}
     data = DATASETS[dataset]
     trainer = {**common(algo), **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
                **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")}, "routing": ALGOS[algo].name}
-    trainer.update({VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES})
+    trainer.update(overrides)
     group, batch = trainer["num_generations"], trainer["per_device_train_batch_size"]
     if group < 2:
         raise ValueError(f"GROUP_SIZE={group}: a group-relative advantage needs at least 2 completions per prompt")
