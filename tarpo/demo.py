@@ -62,11 +62,7 @@ def warm_start(cache_dir: str, sft_steps: int, seed: int, noise: float, lr: floa
         _log(f"reusing the warm-started model in {folder}")
         return folder
     train = make_split("train")
-    corpus = [system] * 20 + [f"{p['question']} {completion_text(p)}" for p in train] + [
-        "<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n"]
-    tokenizer = bpe_tokenizer(corpus, vocab_size=400)
-    model = tiny_causal_lm(tokenizer, "qwen2", MODEL["hidden_size"], MODEL["layers"], MODEL["heads"],
-                           MODEL["kv_heads"], MODEL["intermediate_size"], seed=seed).train()
+    tokenizer, model = demo_tokenizer_and_model(train, seed)
     supervised_warm_start(model, tokenizer, train, sft_steps, lr, batch_size, seed, noise)
     tmp = folder + ".tmp"
     model.eval().save_pretrained(tmp)
@@ -76,6 +72,44 @@ def warm_start(cache_dir: str, sft_steps: int, seed: int, noise: float, lr: floa
         os.replace(tmp, folder)
     _log(f"warm-started model saved to {folder}")
     return folder
+
+
+def demo_tokenizer_and_model(train: list[dict], seed: int):
+    """The tokenizer trained on the system prompt and the train split, and the random model
+    (``MODEL``, in training mode) that the warm start teaches."""
+    system = messages("arith", "")[0]["content"]
+    corpus = [system] * 20 + [f"{p['question']} {completion_text(p)}" for p in train] + [
+        "<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n"]
+    tokenizer = bpe_tokenizer(corpus, vocab_size=400)
+    model = tiny_causal_lm(tokenizer, "qwen2", MODEL["hidden_size"], MODEL["layers"], MODEL["heads"],
+                           MODEL["kv_heads"], MODEL["intermediate_size"], seed=seed).train()
+    return tokenizer, model
+
+
+def prompt_ids(tokenizer, records: list[dict]) -> list[list[int]]:
+    """Each problem's prompt (the chat template's system and user turns, then the assistant's header)."""
+    return [tokenizer(tokenizer.apply_chat_template(messages("arith", p["question"]), tokenize=False,
+                                                    add_generation_prompt=True),
+                      add_special_tokens=False)["input_ids"] for p in records]
+
+
+def demonstration_batch(tokenizer, prompts: list[list[int]], records: list[dict], picks: list[int],
+                        rng: random.Random, noise: float):
+    """``ids, mask, labels`` of the rows ``prompts[i] + noisy demonstration of records[i] + EOS``
+    for ``i`` in ``picks``, right-padded; labels -100 except on the demonstration and its EOS."""
+    targets = tokenizer([noisy_demonstration(records[i], rng, noise) for i in picks],
+                        add_special_tokens=False)["input_ids"]
+    batch = [(prompts[i], t + [tokenizer.eos_token_id]) for i, t in zip(picks, targets)]
+    width = max(len(p) + len(c) for p, c in batch)
+    ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+    labels = torch.full((len(batch), width), -100)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (p, c) in enumerate(batch):
+        seq = p + c
+        ids[i, :len(seq)] = torch.tensor(seq)
+        labels[i, len(p):len(seq)] = torch.tensor(c)
+        mask[i, :len(seq)] = 1
+    return ids, mask, labels
 
 
 def supervised_warm_start(model, tokenizer, records, steps: int, lr: float, batch_size: int, seed: int,
@@ -88,27 +122,14 @@ def supervised_warm_start(model, tokenizer, records, steps: int, lr: float, batc
     common beginning (the system turn) is run once per step (:func:`shared_prefix_loss`).
     """
     rng = random.Random(seed)
-    prompts = [tokenizer(tokenizer.apply_chat_template(messages("arith", p["question"]), tokenize=False,
-                                                       add_generation_prompt=True),
-                         add_special_tokens=False)["input_ids"] for p in records]
+    prompts = prompt_ids(tokenizer, records)
     shared = common_prefix(prompts)
     prefix, prompts = torch.tensor(shared), [p[len(shared):] for p in prompts]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     for _ in tqdm(range(steps), desc="warm start (SFT)", mininterval=5):
         picks = rng.sample(range(len(records)), batch_size)
-        targets = tokenizer([noisy_demonstration(records[i], rng, noise) for i in picks],
-                            add_special_tokens=False)["input_ids"]
-        batch = [(prompts[i], t + [tokenizer.eos_token_id]) for i, t in zip(picks, targets)]
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.full((batch_size, width), tokenizer.pad_token_id)
-        labels = torch.full((batch_size, width), -100)
-        mask = torch.zeros((batch_size, width), dtype=torch.long)
-        for i, (p, c) in enumerate(batch):
-            seq = p + c
-            ids[i, :len(seq)] = torch.tensor(seq)
-            labels[i, len(p):len(seq)] = torch.tensor(c)
-            mask[i, :len(seq)] = 1
+        ids, mask, labels = demonstration_batch(tokenizer, prompts, records, picks, rng, noise)
         loss = shared_prefix_loss(model, prefix, ids, mask, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
