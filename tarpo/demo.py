@@ -159,8 +159,8 @@ def shared_prefix_loss(model, prefix: torch.Tensor, ids: torch.Tensor, mask: tor
     The prefix's keys and values are computed once and repeated over the batch; the rows
     continue from them at positions ``len(prefix)...``, and the gradient through the repeated
     cache sums over the rows. It equals ``model(cat(prefix, ids), labels=cat(-100, labels)).loss``
-    to rounding (tests/test_demo.py); the demo's system turn is about 40 of a row's 70 tokens,
-    so a warm-start step costs about half as much.
+    to rounding (tests/test_demo.py); the demo's system turn is 39 of a row's ~70 tokens, and a
+    warm-start step takes 0.65x the time (benchmarks/bench_warm_start.py).
     """
     cache = model(input_ids=prefix[None], use_cache=True, logits_to_keep=1).past_key_values
     cache.batch_repeat_interleave(ids.shape[0])

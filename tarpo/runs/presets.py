@@ -214,10 +214,11 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
     for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
-    for name in ("DATA_PATH", "EVAL_DATA_DIR"):
-        if name in s and not (os.path.isdir if name == "EVAL_DATA_DIR" else os.path.exists)(s[name]):
-            raise ValueError(f"{name}={s[name]}: no such {'folder' if name == 'EVAL_DATA_DIR' else 'file or folder'}")
-    # every variable is parsed before common() imports TRL: a mistyped value is refused in about a second
+    if "DATA_PATH" in s and not os.path.exists(s["DATA_PATH"]):
+        raise ValueError(f"DATA_PATH={s['DATA_PATH']}: no such file or folder")
+    if "EVAL_DATA_DIR" in s and not os.path.isdir(s["EVAL_DATA_DIR"]):
+        raise ValueError(f"EVAL_DATA_DIR={s['EVAL_DATA_DIR']}: no such folder")
+    # every variable is parsed before common() imports TRL: a mistyped value is refused at once
     overrides = {VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES}
     data = DATASETS[dataset]
     trainer = {**common(algo), **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
