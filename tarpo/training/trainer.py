@@ -32,6 +32,7 @@ The router is trainable only under a rule that routes with it (``learned``, :mod
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -43,7 +44,6 @@ from peft import LoraConfig, PeftModel
 from transformers import TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
-from trl.models.utils import disable_gradient_checkpointing
 
 from ..config import TarpoConfig
 from ..engine.backbone import Backbone, unwrap
@@ -72,6 +72,33 @@ _ROLLOUT_KEYS = [
     "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
     "soft_weights", "p_soft", "entropy", "logp", "soft_inputs", "ended_with_eos",
 ]
+
+
+@contextlib.contextmanager
+def checkpointing_paused(model: torch.nn.Module):
+    """Gradient checkpointing off for the rollout (a checkpointed layer in training mode refuses the
+    decode's cache), then every module's flag put back as it was; nothing else is touched.
+
+    Not TRL's ``disable_gradient_checkpointing``: its ``gradient_checkpointing_enable`` on exit re-binds
+    the layers' checkpoint function (replacing Unsloth's choice) and calls ``enable_input_require_grads``,
+    which adds a forward hook on the input embedding at every rollout (never removed for a PEFT-wrapped
+    model), so every later call of the embedding, each decode step included, ran one more hook per step.
+
+        >>> layer = torch.nn.Linear(1, 1); layer.gradient_checkpointing = "unsloth"
+        >>> with checkpointing_paused(layer):
+        ...     layer.gradient_checkpointing
+        False
+        >>> layer.gradient_checkpointing
+        'unsloth'
+    """
+    paused = [(m, m.gradient_checkpointing) for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
+    for module, _ in paused:
+        module.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for module, value in paused:
+            module.gradient_checkpointing = value
 
 
 def check_dataset(dataset, name: str = "train_dataset") -> None:
@@ -203,7 +230,7 @@ class TarpoTrainer(GRPOTrainer):
         rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
         backbone, started = make_backbone(model), time.perf_counter()
         spec = replace(spec, engine=self.engine.next(device.type == "cuda", decodes_on_its_own_path(backbone)))
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        with checkpointing_paused(model):
             rollout = hybrid_generate(backbone, self.router, prompt_ids, prompt_mask, spec, self.piece,
                                       self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,
                                       noise_seed=self._next_rollout_seed(), row_ids=rows)
