@@ -298,3 +298,67 @@ def test_the_compiled_engine_refuses_prompts_or_batches_beyond_the_runs_shape(mo
         with pytest.raises(ValueError, match=match):
             hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask, spec,
                             token_piece_fn(tokenizer), [tokenizer.eos_token_id], tokenizer.pad_token_id)
+
+
+class FakeCuda:
+    """The few ``torch.cuda`` calls of :class:`tarpo.engine.static_decode.GraphedStep`, on the CPU: streams,
+    their contexts, a graph whose capture runs the step once and whose replay counts."""
+
+    def __init__(self, monkeypatch):
+        import contextlib
+
+        self.streams, self.graphs, self.replays = 0, 0, 0
+        fake = self
+
+        class Stream:
+            def __init__(self):
+                fake.streams += 1
+
+            def wait_stream(self, other):
+                pass
+
+        class Graph:
+            def __init__(self):
+                fake.graphs += 1
+
+            def replay(self):
+                fake.replays += 1
+
+        for name, value in dict(Stream=Stream, CUDAGraph=Graph, current_stream=lambda *a: Stream.__new__(Stream),
+                                current_device=lambda: 0, stream=lambda s: contextlib.nullcontext(),
+                                graph=lambda g, **kw: contextlib.nullcontext()).items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_captured_steps_share_one_side_stream_per_process(monkeypatch):
+    """Each rollout warms its step up on a side stream before capturing it; the stream is the process's
+    one (per device), not one per rollout (the caching allocator keeps a cuBLAS workspace per stream)."""
+    from tarpo.engine import static_decode
+
+    monkeypatch.setattr(static_decode, "_SIDE_STREAMS", {}, raising=False)
+    cuda = FakeCuda(monkeypatch)
+    calls = []
+    for rollout in range(3):
+        run = static_decode.step_runner(lambda: calls.append(1), "cuda")
+        for _ in range(5):
+            run()
+    assert cuda.streams == 1 and cuda.graphs == 3
+    assert len(calls) == 3 * 2 and cuda.replays == 3 * 4  # warm-up and capture run the step; then replays
+
+
+def test_the_decode_steps_dynamo_settings_do_not_reach_other_compiled_functions(monkeypatch):
+    """The step allows more recompiles than dynamo's default and fails past them: set while it runs (when
+    dynamo compiles it), dynamo's defaults everywhere else."""
+    from tarpo.engine import static_decode
+
+    config = torch._dynamo.config
+    defaults = (config.recompile_limit, config.fail_on_recompile_limit_hit)
+    seen = []
+    monkeypatch.setattr(static_decode, "_COMPILED", {})
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: lambda *a: seen.append(
+        (config.recompile_limit, config.fail_on_recompile_limit_hit)))
+    step = static_decode.compiled_step("cpu")
+    assert (config.recompile_limit, config.fail_on_recompile_limit_hit) == defaults
+    step()
+    assert seen == [(static_decode.RECOMPILE_LIMIT, True)]
+    assert (config.recompile_limit, config.fail_on_recompile_limit_hit) == defaults == (8, False)

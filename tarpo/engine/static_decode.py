@@ -93,14 +93,20 @@ def compile_backend() -> str:
 
 def compiled_step(device: torch.device):
     """``decode_step`` under ``torch.compile(fullgraph=True)`` (inductor, or :func:`compile_backend`);
-    on CUDA the loop replays it as a captured graph (:class:`GraphedStep`)."""
+    on CUDA the loop replays it as a captured graph (:class:`GraphedStep`).
+
+    One graph per setting and shape; past dynamo's default of 8 recompiles a function would quietly
+    run eagerly: the step allows :data:`RECOMPILE_LIMIT` and fails loudly beyond. Those settings are
+    dynamo's process-wide configuration, so they are in force only while the step is called (when
+    dynamo compiles or recompiles it); every other compiled function of the process keeps its own."""
     key = (torch.device(device).type, compile_backend())
     if key not in _COMPILED:
-        # One graph per setting and shape; past dynamo's default of 8 recompiles a function would
-        # quietly run eagerly: allow more, and fail loudly instead.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        torch._dynamo.config.fail_on_recompile_limit_hit = True
-        _COMPILED[key] = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=key[1])
+        compiled = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=key[1])
+
+        def step(*args):
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+                return compiled(*args)
+        _COMPILED[key] = step
     return _COMPILED[key]
 
 
@@ -118,7 +124,7 @@ class GraphedStep:
 
     def __call__(self) -> None:
         if not self.warm:
-            side = torch.cuda.Stream()
+            side = side_stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self.call()
@@ -130,6 +136,18 @@ class GraphedStep:
             with torch.cuda.graph(self.graph):
                 self.call()
         self.graph.replay()
+
+
+_SIDE_STREAMS: dict[int, object] = {}
+
+
+def side_stream():
+    """The process's one side stream (per CUDA device) for the warm-up call before a capture. One per
+    rollout would add a stream per rollout, and the caching allocator keeps a cuBLAS workspace per stream."""
+    index = torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream()
+    return _SIDE_STREAMS[index]
 
 
 def step_runner(call, device: torch.device):
