@@ -138,3 +138,46 @@ def test_learned_routing_soft_share_follows_router_bias(model, tokenizer):
     share = out.is_soft[out.decided].float().mean()
     assert abs(share - expected) < 0.05
     assert not out.is_soft[~out.decided].any()
+
+
+# ---- host syncs: what would stall a GPU's decode loop (tests/syncs.py) ---------------------------------------
+def syncs_per_step(backbone, router, tokenizer, spec, monkeypatch, latent=None, **kw):
+    """Host syncs made from each decode step's start to the next one's (the last step's window, which
+    holds the rollout's tail, is left out)."""
+    from syncs import HostSyncs
+    import tarpo.engine.rollout as rollout
+
+    marks, step = [], rollout.hybrid_step
+
+    def marked(*args, **kwargs):
+        marks.append(counter.total)
+        return step(*args, **kwargs)
+    monkeypatch.setattr(rollout, "hybrid_step", marked)
+    enc = encode_prompts(tokenizer, PROMPTS)
+    with HostSyncs() as counter:
+        out = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, latent=latent,
+                              **decode_kwargs(tokenizer), **kw)
+    return [b - a for a, b in zip(marks, marks[1:])], out, counter
+
+
+@pytest.mark.parametrize("routing", ["learned", "hrpo", "soft_tokens", "learned_gumbel"])
+@pytest.mark.parametrize("keyed", [True, False])
+def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokenizer, monkeypatch, routing, keyed):
+    """Every DONE_CHECK_EVERY steps one read of the rows' state (it also drops the rows that ended); no
+    other step reads anything on the host, draws keyed noise with a Python step number sent to the
+    device, nor asks whether the padding mask could be skipped."""
+    from tarpo.engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
+    from tarpo.engine.records import DONE_CHECK_EVERY
+
+    bias = torch.zeros(model.config.vocab_size)
+    bias[tokenizer.eos_token_id] = 1.0  # rows end at different steps, some between two checks
+    backbone = BiasedBackbone(model, bias)
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0])
+    latent = {"hrpo": lambda: HrpoGate(model.config.hidden_size), "learned_gumbel": lambda: GumbelTopK(0.5),
+              "soft_tokens": lambda: GaussianSoftTokens(backbone.embed_weight)}.get(routing, lambda: None)()
+    spec = RolloutSpec(max_new_tokens=3 * DONE_CHECK_EVERY + 5, temperature=0.8, soft_top_k=5, routing=routing)
+    kw = {"noise_seed": 7} if keyed else {"generator": torch.Generator().manual_seed(7)}
+    per_step, out, counter = syncs_per_step(backbone, router, tokenizer, spec, monkeypatch, latent, **kw)
+    checks = [t for t in range(len(per_step)) if (t + 1) % DONE_CHECK_EVERY == 0]
+    assert per_step == [int(t in checks) for t in range(len(per_step))], counter.report()
+    assert checks and out.ended_with_eos.any() and out.is_soft.any()

@@ -35,16 +35,27 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout=
     return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
 
 
+def decode_mask(*args, **kwargs):
+    """transformers' SDPA mask, always built for a single query position. Its default first asks whether
+    the mask could be skipped (``_ignore_causal_mask_sdpa``), which reads the padding mask on the host:
+    one sync at every decode step. The prefill keeps the default (one read per rollout)."""
+    from transformers.masking_utils import sdpa_mask
+
+    if kwargs.get("q_length") == 1:
+        kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
 class grouped_decode_attention_on:
     """Context: the model's attention is :func:`grouped_decode_attention` (registered with
-    transformers' attention and mask interfaces; masks as for SDPA), restored on exit."""
+    transformers' attention and mask interfaces; masks as for SDPA, :func:`decode_mask`), restored on exit."""
 
     def __init__(self, config):
         from transformers import AttentionInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
         AttentionInterface.register(GROUPED_DECODE, grouped_decode_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_DECODE, sdpa_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_DECODE, decode_mask)
         self.config = config
 
     def __enter__(self):

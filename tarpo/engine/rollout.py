@@ -216,37 +216,50 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
     rec = new_records(B, T, spec.soft_top_k, E.shape[1] if c.full_mix else 0, pad_token_id, device)
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
 
-    # The running sub-batch: `rows` maps its positions to the batch's rows. Without compaction it
-    # keeps rows that ended, which the step ignores (state["alive"] False).
+    # The running sub-batch: `rows` maps its positions to the batch's rows. Rows that ended ride along
+    # (the step ignores them: state["alive"] False) until the next end check, which drops them when compacting.
     rows, state = torch.arange(B, device=device), new_state(B, device)
     mask = prompt_mask.long()
     pos = positions_from_mask(mask)
     hidden = backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
     next_pos = pos[:, -1] + 1
-    steps = 0
     for t in range(T):
-        steps = t + 1
         out = hybrid_step(c, backbone, router, gate, hidden, state, t, keys, generator, next_tag, hit_tag, eos)
         for name, value in out.records.items():
             rec[name][rows, t] = value
         state, inputs, tokens = out.state, out.inputs, out.tokens
         ended_with_eos[rows] = state["ended"]
-        alive = state["alive"]
-        if t == T - 1 or (lockstep is None and not alive.any()):
+        if t == T - 1:
             break
-        if lockstep is not None and (t + 1) % DONE_CHECK_EVERY == 0 and not lockstep(bool(alive.any())):
-            break
-        if compact and not alive.all():
-            keep = alive.nonzero(as_tuple=True)[0]
-            cache.reorder_cache(keep)
-            rows, mask, next_pos, inputs, tokens = rows[keep], mask[keep], next_pos[keep], inputs[keep], tokens[keep]
-            state = {name: value[keep] for name, value in state.items()}
-            keys = keys[keep] if keys is not None else None
+        if (t + 1) % DONE_CHECK_EVERY == 0:  # the loop's one host sync, every DONE_CHECK_EVERY steps
+            keep = _end_check(state["alive"], compact, lockstep)
+            if keep is None:
+                break
+            if keep.shape[0] < rows.shape[0]:
+                cache.reorder_cache(keep)
+                rows, mask, next_pos, inputs, tokens = rows[keep], mask[keep], next_pos[keep], inputs[keep], tokens[keep]
+                state = {name: value[keep] for name, value in state.items()}
+                keys = keys[keep] if keys is not None else None
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         hidden = backbone.hidden(inputs[:, None], mask, next_pos[:, None], cache, token_ids=tokens[:, None])[:, -1]
         next_pos = next_pos + 1
 
-    if lockstep is not None:  # steps run for other ranks' rows recorded nothing here
-        steps = steps_that_ran(rec["completion_mask"])
+    steps = steps_that_ran(rec["completion_mask"])  # rows that ended before the last check recorded nothing since
     rec = {name: value[:, :steps] for name, value in rec.items()}
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, ended_with_eos=ended_with_eos, **rec)
+
+
+def _end_check(alive, compact: bool, lockstep):
+    """The eager loop's end check: None when it stops (no row runs; with ``lockstep``, on no rank), else
+    the positions of the running sub-batch to keep (all of them unless ``compact``). It reads ``alive`` on
+    the host: one sync, made every :data:`DONE_CHECK_EVERY` steps, never at the steps between."""
+    if lockstep is not None:
+        return None if not lockstep(bool(alive.any())) else _all(alive)
+    if not compact:
+        return _all(alive) if bool(alive.any()) else None
+    keep = alive.nonzero(as_tuple=True)[0]
+    return keep if keep.shape[0] else None
+
+
+def _all(alive):
+    return torch.arange(alive.shape[0], device=alive.device)

@@ -102,7 +102,7 @@ def step_uniforms(keys: torch.Tensor, step, stream: int, n: int) -> torch.Tensor
         >>> torch.equal(step_uniforms(k, 2, STREAM_TOKEN, 5)[1:], step_uniforms(k[1:], 2, STREAM_TOKEN, 5))
         True
     """
-    key = _mix32(_mix32(keys ^ (torch.as_tensor(step, device=keys.device) & _M32)) ^ (stream * 0x9E3779B9 & _M32))
+    key = _mix32(_mix32(keys ^ (step & _M32)) ^ (stream * 0x9E3779B9 & _M32))  # a Python step: no copy to the device
     index = _mul32(torch.arange(n, device=keys.device), 0x9E3779B9)
     h = _mix32(key[:, None] ^ index[None, :])
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))

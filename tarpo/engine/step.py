@@ -190,18 +190,11 @@ def _next_inputs(c, E, tokens, scaled, filtered, soft, gate, t, keys, generator)
 
 
 def _uniforms(soft, k, generator):
-    """Uniforms [B, k] in (0, 1) from ``generator``, drawn for the soft rows only (0.5 elsewhere)."""
-    out = torch.full((soft.shape[0], k), 0.5, dtype=torch.float32, device=soft.device)
-    n = int(soft.sum())
-    if n:
-        out[soft] = torch.rand(n, k, device=soft.device, generator=generator).clamp(1e-7, 1 - 1e-7)
-    return out
+    """Uniforms [B, k] in (0, 1) from ``generator``, drawn for every row (counting the soft rows first would
+    read them on the host) and used where ``soft``."""
+    return torch.rand(soft.shape[0], k, device=soft.device, generator=generator).clamp(1e-7, 1 - 1e-7)
 
 
 def _normals(soft, d, generator):
-    """Standard normals [B, d] fp32 from ``generator``, drawn for the soft rows only (zeros elsewhere)."""
-    out = torch.zeros(soft.shape[0], d, dtype=torch.float32, device=soft.device)
-    n = int(soft.sum())
-    if n:
-        out[soft] = torch.randn(n, d, device=soft.device, generator=generator, dtype=torch.float32)
-    return out
+    """Standard normals [B, d] fp32 from ``generator``, drawn for every row, used where ``soft``."""
+    return torch.randn(soft.shape[0], d, device=soft.device, generator=generator, dtype=torch.float32)
