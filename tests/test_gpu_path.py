@@ -165,3 +165,36 @@ def test_a_rollout_drops_unsloths_cached_lora_copies(model, tokenizer, monkeypat
             p.add_(1.0)  # an optimizer step
     rollout(make_backbone(model), model, tokenizer, steps=4)
     assert [p for p in lora if hasattr(p, "_fast_lora")] == []
+
+
+# --------------------------------------------------------------------- 6. precision
+@pytest.mark.parametrize("routing", ["learned", "hrpo"])
+def test_rollouts_and_training_forwards_run_under_the_weights_autocast(tokenizer, tmp_path, routing):
+    """bf16 weights, fp32 LoRA, router and gate, bf16 mixed precision (the launchers' GPU settings): the
+    LoRA matmuls of the rollout and of the training forward both run under bf16 autocast, as the Trainer's
+    own forward would (the training forward replaces accelerate's autocast wrapper of ``model.forward``);
+    the router and the gate stay fp32 inside it (tarpo/engine/precision.py)."""
+    from tarpo.tiny import tiny_causal_lm
+
+    lm = tiny_causal_lm(tokenizer, "qwen2").to(torch.bfloat16)
+    args = make_args(tmp_path, max_steps=1, bf16=True, use_cpu=True, routing=routing)
+    trainer = TarpoTrainer(model=lm, reward_funcs=letter_reward, args=args, train_dataset=make_dataset(),
+                           processing_class=tokenizer)
+    seen = []
+
+    def record(name):
+        return lambda module, inputs, output: seen.append(
+            (name, torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), output.dtype))
+    lora = next(m for n, m in trainer.model.named_modules() if n.endswith("q_proj.lora_A.default"))
+    heads = {"router": trainer.router.proj, "gate": trainer.gate.i if trainer.gate is not None else None}
+    assert lora.weight.dtype == torch.float32 and trainer.router.proj.weight.dtype == torch.float32
+    lora.register_forward_hook(record("lora"))
+    for name, module in heads.items():
+        if module is not None:
+            module.register_forward_hook(record(name))
+    trainer.train()
+    for phase in (False, True):  # the rollout (no grad), the training forward
+        lora_calls = {(a, d) for n, g, a, d in seen if n == "lora" and g == phase}
+        assert lora_calls == {(True, torch.bfloat16)}, (phase, lora_calls)
+        head_calls = {(n, d) for n, g, a, d in seen if n != "lora" and g == phase}
+        assert head_calls == {("router" if routing == "learned" else "gate", torch.float32)}, (phase, head_calls)

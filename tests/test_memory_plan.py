@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from tarpo.runs import memory_plan as mp
 from tarpo.engine.backbone import Backbone
+from tarpo.engine.precision import mixed_precision
 from tarpo.runs.presets import DATASETS, MODELS
 from tarpo.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
 
@@ -81,7 +82,8 @@ TRAIN_CASES = [("qwen2", 256, 896, 4, 8, 2, 256, 4, 64, 192), ("llama", 128, 352
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=["qwen2-layer", "llama-chunk"])
 def test_training_activations_match_a_measured_peak(case):
     """A micro-batch's forward (policy + reference, router, chunked log-probs) and backward through
-    LoRA with non-reentrant gradient checkpointing, bf16 weights under autocast, as the trainer runs it."""
+    LoRA with non-reentrant gradient checkpointing, bf16 weights under the trainer's autocast
+    (:func:`tarpo.engine.precision.mixed_precision`), as the trainer runs it."""
     from tarpo.engine.router import Router
     from tarpo.training.scoring import score_rollout
 
@@ -95,8 +97,9 @@ def test_training_activations_match_a_measured_peak(case):
     rollout.prompt_mask[:, :5] = 0  # left padding: the attention mask is materialised, as in training
     rollout.is_soft = rollout.decided.clone()  # every thinking step soft (Pure Latent): the plan's bound
     mode = LiveStorage()
-    with mode, torch.autocast("cpu", dtype=torch.bfloat16):
-        s = score_rollout(Backbone(model), router, router.frozen_copy(), rollout, temperature=0.5, chunk_size=1024,
+    backbone = Backbone(model)
+    with mode, mixed_precision(backbone):  # the trainer's precision (tests/test_gpu_path.py checks it uses this)
+        s = score_rollout(backbone, router, router.frozen_copy(), rollout, temperature=0.5, chunk_size=1024,
                           use_router=True, with_reference=True)
         (s.logp_tok.sum() + s.logp_act.sum() + s.kl_tok.sum() + s.kl_act.sum()).backward()
     shapes = mp.shapes_of(model.config, ATTENTION, 8)
@@ -123,8 +126,9 @@ def test_eager_rollout_matches_a_measured_peak(case):
     mask[:, :3] = 0
     spec = RolloutSpec(max_new_tokens=T, engine="eager", answer_tag="@@@@")  # no EOS, no tag: every row runs T steps
     mode = LiveStorage()
-    with mode:
-        out = hybrid_generate(Backbone(model), Router(128, bias=[0.0, 0.0]), ids, mask, spec, lambda i: "x", [], 0,
+    backbone = Backbone(model)
+    with mode, mixed_precision(backbone):  # as the trainer rolls out
+        out = hybrid_generate(backbone, Router(128, bias=[0.0, 0.0]), ids, mask, spec, lambda i: "x", [], 0,
                               noise_seed=1)
     assert out.token_ids.shape == (B, T)
     run = mp.Run(rows=B, prompt=P, completion=T, engine="eager")

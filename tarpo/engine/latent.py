@@ -44,6 +44,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..routing import HRPO_MIXTURES
+from .precision import full_precision
 
 HRPO_WEIGHTS = "hrpo_gate.safetensors"
 
@@ -86,8 +87,9 @@ class HrpoGate(nn.Module):
 
     def blend_weight(self, e: torch.Tensor) -> torch.Tensor:
         """``a`` for token embeddings ``e`` [..., d] (fp32)."""
-        r = torch.sigmoid(self.r(e.float()))
-        return torch.exp(-self.c * nn.functional.softplus(-self.lam) * r)
+        with full_precision(e):  # fp32 also under a rollout's or training forward's autocast
+            r = torch.sigmoid(self.r(e.float()))
+            return torch.exp(-self.c * nn.functional.softplus(-self.lam) * r)
 
     def forward(self, e: torch.Tensor, mixture: torch.Tensor) -> torch.Tensor:
         """The blended input for token embeddings ``e`` and mixtures ``m``, both [..., d]."""
@@ -95,8 +97,9 @@ class HrpoGate(nn.Module):
         if self.mixture == "top_k":
             m32 = m32 * (e32.norm(dim=-1, keepdim=True) / m32.norm(dim=-1, keepdim=True).clamp(min=1e-12))
         a = self.blend_weight(e32)
-        gate_i = torch.sigmoid(self.i(e32))
-        return (a * e32 + torch.sqrt(1 - a * a + HRPO_EPS) * (gate_i * m32)).to(e.dtype)
+        with full_precision(e32):
+            gate_i = torch.sigmoid(self.i(e32))
+            return (a * e32 + torch.sqrt(1 - a * a + HRPO_EPS) * (gate_i * m32)).to(e.dtype)
 
     def save(self, directory: str) -> None:
         save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..config import default
+from .precision import full_precision
 
 ROUTER_WEIGHTS = "router.safetensors"
 ROUTER_CONFIG = "router_config.json"
@@ -42,7 +43,8 @@ class Router(nn.Module):
 
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """log rho(.|h) [..., 2] in fp32 from hidden states of any dtype."""
-        return torch.log_softmax(self.proj(hidden.float()) / self.temperature, dim=-1)
+        with full_precision(hidden):  # fp32 also under a rollout's or training forward's autocast
+            return torch.log_softmax(self.proj(hidden.float()) / self.temperature, dim=-1)
 
     def frozen_copy(self) -> "Router":
         """The reference router rho_ref: a frozen copy of this router as it is now."""

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import torch
 
+from ..engine.precision import mixed_precision
 from ..engine.rollout import RolloutSpec, hybrid_generate
 from ..engine.tagging import token_piece_fn
 from ..models.backends import make_backbone
@@ -58,8 +59,9 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
         ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device)
-        out = hybrid_generate(backbone, router, ids, mask, spec, piece, stop,
-                              tokenizer.pad_token_id, generator, latent=gate)
+        with mixed_precision(backbone):  # the precision training rolled out in (tarpo.engine.precision)
+            out = hybrid_generate(backbone, router, ids, mask, spec, piece, stop,
+                                  tokenizer.pad_token_id, generator, latent=gate)
         for row, (ex, i) in enumerate(chunk):
             records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer, soft_detail)})
         if progress is not None:

@@ -32,7 +32,6 @@ The router is trainable only under a rule that routes with it (``learned``, :mod
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -49,6 +48,7 @@ from ..config import TarpoConfig
 from ..engine.backbone import Backbone, unwrap
 from ..engine.engine_choice import RunEngine, decoder_layers
 from ..engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
+from ..engine.precision import mixed_precision
 from ..engine.rollout import Rollout, RolloutSpec, decodes_on_its_own_path, hybrid_generate
 from ..engine.router import Router
 from ..engine.tagging import token_piece_fn
@@ -59,6 +59,7 @@ from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
 from ..routing import ROUTINGS
 from ..tasks.prompts import count_too_long, encode_prompts
 from . import checkpoints
+from .grad_checkpointing import checkpointing_paused
 from .distributed import check_not_sharded, forward_through, rollout_seed, same_on_every_rank
 from .objective import group_advantages, mismatch_weights, tarpo_loss
 from .optimizer import keep_fp32_state, parameter_groups
@@ -72,33 +73,6 @@ _ROLLOUT_KEYS = [
     "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
     "soft_weights", "p_soft", "entropy", "logp", "soft_inputs", "ended_with_eos",
 ]
-
-
-@contextlib.contextmanager
-def checkpointing_paused(model: torch.nn.Module):
-    """Gradient checkpointing off for the rollout (a checkpointed layer in training mode refuses the
-    decode's cache), then every module's flag put back as it was; nothing else is touched.
-
-    Not TRL's ``disable_gradient_checkpointing``: its ``gradient_checkpointing_enable`` on exit re-binds
-    the layers' checkpoint function (replacing Unsloth's choice) and calls ``enable_input_require_grads``,
-    which adds a forward hook on the input embedding at every rollout (never removed for a PEFT-wrapped
-    model), so every later call of the embedding, each decode step included, ran one more hook per step.
-
-        >>> layer = torch.nn.Linear(1, 1); layer.gradient_checkpointing = "unsloth"
-        >>> with checkpointing_paused(layer):
-        ...     layer.gradient_checkpointing
-        False
-        >>> layer.gradient_checkpointing
-        'unsloth'
-    """
-    paused = [(m, m.gradient_checkpointing) for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
-    for module, _ in paused:
-        module.gradient_checkpointing = False
-    try:
-        yield
-    finally:
-        for module, value in paused:
-            module.gradient_checkpointing = value
 
 
 def check_dataset(dataset, name: str = "train_dataset") -> None:
@@ -230,7 +204,7 @@ class TarpoTrainer(GRPOTrainer):
         rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
         backbone, started = make_backbone(model), time.perf_counter()
         spec = replace(spec, engine=self.engine.next(device.type == "cuda", decodes_on_its_own_path(backbone)))
-        with checkpointing_paused(model):
+        with checkpointing_paused(model), mixed_precision(backbone):
             rollout = hybrid_generate(backbone, self.router, prompt_ids, prompt_mask, spec, self.piece,
                                       self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,
                                       noise_seed=self._next_rollout_seed(), row_ids=rows)
@@ -299,11 +273,13 @@ class TarpoTrainer(GRPOTrainer):
         rollout = Rollout(**{key: inputs[key] for key in _ROLLOUT_KEYS})
         args = self.args
 
-        def forward():
-            scores = score_rollout(self.backbone(), self.router, self.ref_router.to(self.accelerator.device), rollout,
-                                   temperature=args.temperature, chunk_size=args.logprob_chunk_size,
-                                   use_router=self.use_router, with_reference=args.beta != 0.0,
-                                   token_kl=args.token_kl, latent=self.latent)
+        def forward():  # replaces accelerate's autocast wrapper of model.forward: the precision is entered here
+            backbone = self.backbone()
+            with mixed_precision(backbone):
+                scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
+                                       temperature=args.temperature, chunk_size=args.logprob_chunk_size,
+                                       use_router=self.use_router, with_reference=args.beta != 0.0,
+                                       token_kl=args.token_kl, latent=self.latent)
             return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
 
         # through the module accelerate wrapped, so that DDP all-reduces the gradients (tarpo.training.distributed)
