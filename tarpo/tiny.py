@@ -82,15 +82,18 @@ QWEN25_3B = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36
                  rms_norm_eps=1e-6, tie_word_embeddings=True)
 
 
-def random_model_dir(root: str, config: dict = QWEN25_15B, dtype=torch.bfloat16, seed: int = 0) -> str:
-    """Save a random-init Qwen2 of ``config`` and a small :func:`bpe_tokenizer` to ``root``.
+def random_model_dir(root: str, config: dict = QWEN25_15B, dtype=torch.bfloat16, seed: int = 0,
+                     arch: str = "qwen2") -> str:
+    """Save a random-init Qwen2 (or, ``arch="llama"``, Llama) of ``config`` and a small :func:`bpe_tokenizer`
+    to ``root``.
 
     The tokenizer's ids cover only the first few hundred of the model's; its pad
     (``<|endoftext|>``) and EOS (``<|im_end|>``) differ, as in Qwen2.5-Instruct: Unsloth's loader
     adds a pad token (and resizes the vocabulary) when they are the same. A byte-level BPE,
     because transformers loads a tokenizer saved beside a Qwen2 config as ``Qwen2Tokenizer``."""
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(**{"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": None, **config}))
+    cls_cfg, cls_model = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    model = cls_model(cls_cfg(**{"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": None, **config}))
     model = model.to(dtype)
     model.save_pretrained(root)
     corpus = [f"question {i}: what is {i} plus {i + 1}? #### {2 * i + 1}" for i in range(200)]

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 
 import torch
@@ -60,9 +61,11 @@ def graphs() -> dict[str, int]:
             "compiled_steps": len(static_decode._COMPILED)}
 
 
-def tensors() -> dict[str, int]:
+def tensors() -> dict:
+    """Live tensors: their number, the bytes of their distinct storages and, for a message, how many of
+    each (shape, dtype)."""
     gc.collect()
-    count, storages = 0, {}
+    count, storages, kinds = 0, {}, collections.Counter()
     for obj in gc.get_objects():
         try:
             if not isinstance(obj, torch.Tensor):
@@ -73,7 +76,8 @@ def tensors() -> dict[str, int]:
             continue
         count += 1
         storages[key] = storage.nbytes()
-    return {"count": count, "bytes": sum(storages.values())}
+        kinds[(tuple(obj.shape), str(obj.dtype))] += 1
+    return {"count": count, "bytes": sum(storages.values()), "kinds": dict(kinds)}
 
 
 def snapshot(model: torch.nn.Module) -> dict:

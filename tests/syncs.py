@@ -102,6 +102,26 @@ class HostSyncs(TorchDispatchMode):
         return "\n".join(f"{n:5d}  {w}" for w, n in self.where.most_common())
 
 
+def per_decode_step(run):
+    """``run()`` (a rollout) under :class:`HostSyncs`, the eager engine's decode steps marked: returns the
+    syncs made from each step's start to the next step's (the last step's window, which holds the rollout's
+    tail, is left out), ``run()``'s result and the counter."""
+    import tarpo.engine.rollout as rollout
+
+    marks, step = [], rollout.hybrid_step
+
+    def marked(*args, **kwargs):
+        marks.append(counter.total)
+        return step(*args, **kwargs)
+    rollout.hybrid_step = marked
+    try:
+        with HostSyncs() as counter:
+            out = run()
+    finally:
+        rollout.hybrid_step = step
+    return [b - a for a, b in zip(marks, marks[1:])], out, counter
+
+
 if __name__ == "__main__":  # a quick look: python tests/syncs.py
     with HostSyncs() as s:
         x = torch.arange(5)

@@ -141,31 +141,13 @@ def test_learned_routing_soft_share_follows_router_bias(model, tokenizer):
 
 
 # ---- host syncs: what would stall a GPU's decode loop (tests/syncs.py) ---------------------------------------
-def syncs_per_step(backbone, router, tokenizer, spec, monkeypatch, latent=None, **kw):
-    """Host syncs made from each decode step's start to the next one's (the last step's window, which
-    holds the rollout's tail, is left out)."""
-    from syncs import HostSyncs
-    import tarpo.engine.rollout as rollout
-
-    marks, step = [], rollout.hybrid_step
-
-    def marked(*args, **kwargs):
-        marks.append(counter.total)
-        return step(*args, **kwargs)
-    monkeypatch.setattr(rollout, "hybrid_step", marked)
-    enc = encode_prompts(tokenizer, PROMPTS)
-    with HostSyncs() as counter:
-        out = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, latent=latent,
-                              **decode_kwargs(tokenizer), **kw)
-    return [b - a for a, b in zip(marks, marks[1:])], out, counter
-
-
 @pytest.mark.parametrize("routing", ["learned", "hrpo", "soft_tokens", "learned_gumbel"])
 @pytest.mark.parametrize("keyed", [True, False])
-def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokenizer, monkeypatch, routing, keyed):
+def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokenizer, routing, keyed):
     """Every DONE_CHECK_EVERY steps one read of the rows' state (it also drops the rows that ended); no
     other step reads anything on the host, draws keyed noise with a Python step number sent to the
     device, nor asks whether the padding mask could be skipped."""
+    from syncs import per_decode_step
     from tarpo.engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
     from tarpo.engine.records import DONE_CHECK_EVERY
 
@@ -177,7 +159,9 @@ def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokeni
               "soft_tokens": lambda: GaussianSoftTokens(backbone.embed_weight)}.get(routing, lambda: None)()
     spec = RolloutSpec(max_new_tokens=3 * DONE_CHECK_EVERY + 5, temperature=0.8, soft_top_k=5, routing=routing)
     kw = {"noise_seed": 7} if keyed else {"generator": torch.Generator().manual_seed(7)}
-    per_step, out, counter = syncs_per_step(backbone, router, tokenizer, spec, monkeypatch, latent, **kw)
+    enc = encode_prompts(tokenizer, PROMPTS)
+    per_step, out, counter = per_decode_step(lambda: hybrid_generate(
+        backbone, router, enc.input_ids, enc.attention_mask, spec, latent=latent, **decode_kwargs(tokenizer), **kw))
     checks = [t for t in range(len(per_step)) if (t + 1) % DONE_CHECK_EVERY == 0]
     assert per_step == [int(t in checks) for t in range(len(per_step))], counter.report()
     assert checks and out.ended_with_eos.any() and out.is_soft.any()

@@ -85,3 +85,11 @@ def test_unsloth_grouped_decode_attention_equals_its_own_and_copies_no_kv_per_he
     assert len(in_groups) == len(decode_steps)  # the same steps, each group's query heads along the query axis
     for run in (grouped, repeated):
         assert run["refs"] > 0 and run["alive"] == 0 and not run["modules_with_buffers"] and not run["past"]
+    # host syncs of a decode step: Unsloth's own rotary length, int(position_ids.max().item()) (unsloth/models/
+    # llama.py, LlamaModel_fast_forward_inference_custom), and every DONE_CHECK_EVERY steps the loop's end check.
+    # Its check whether the padding mask is all ones is avoided (UnslothBackbone passes the 4-D mask).
+    from tarpo.engine.records import DONE_CHECK_EVERY
+    per_step = grouped["syncs_per_step"]
+    assert per_step == [1 + ((t + 1) % DONE_CHECK_EVERY == 0) for t in range(len(per_step))], grouped["sync_sites"]
+    rotary = [n for where, n in grouped["sync_sites"].items() if "models/llama.py" in where]
+    assert rotary == [len(per_step)], grouped["sync_sites"]  # one per decoder call: after every step but the last

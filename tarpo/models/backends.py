@@ -174,8 +174,10 @@ class UnslothBackbone(Backbone):
         self.override.set(inputs_embeds)
         self.base._tarpo_hidden = None
         # return_dict: Unsloth's decode branch returns a plain tuple unless asked (it fills the
-        # default only on its other branch).
-        out = class_forward(self.model)(input_ids=token_ids, attention_mask=attention_mask,
+        # default only on its other branch). The mask goes in as the [B, 1, 1, L] boolean mask Unsloth would
+        # build from the 2-D one: from a 2-D mask it first asks whether the mask is all ones, a host sync
+        # at every step (unsloth/models/_attn_mask_compat.py, _ignore_causal_mask_sdpa).
+        out = class_forward(self.model)(input_ids=token_ids, attention_mask=attention_mask[:, None, None, :].bool(),
                                         position_ids=position_ids, past_key_values=self._past, use_cache=True,
                                         return_dict=True)
         self.override.pending = None

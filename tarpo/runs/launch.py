@@ -208,7 +208,9 @@ def train(cfg: dict) -> str:
     import torch
 
     run_dir, main = cfg["run_dir"], process_rank() == 0
-    args = TarpoConfig(**cfg["trainer"], report_to="none")  # validates every field before the model loads
+    # validates every field before the model loads; BF16=1 without CUDA: bf16 mixed precision on the CPU
+    cpu_bf16 = {"use_cpu": True} if cfg["trainer"]["bf16"] and not torch.cuda.is_available() else {}
+    args = TarpoConfig(**cfg["trainer"], report_to="none", **cpu_bf16)
     adapter, gate = os.path.join(run_dir, "adapter"), ROUTINGS[args.routing].gate
     done = finished_step(run_dir, args.max_steps, args.num_train_epochs, gate=gate)
     if done is not None:  # a re-run of a finished run: nothing is loaded, trained or written

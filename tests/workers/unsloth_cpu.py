@@ -18,6 +18,8 @@ plain torch), ``for_inference``/``for_training``, the LoRA decode branch with it
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -77,6 +79,109 @@ def install() -> None:
     llama.DEVICE_TYPE_TORCH = "cpu"
     llama.fast_rms_layernorm = rms_layernorm
     llama.fast_rope_embedding = rope_embedding
+
+
+class _Stream:
+    """A CUDA stream (or event) on the CPU, where work is done when it is issued: waits are no-ops."""
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _Slots(list):
+    """Unsloth's per-device slot lists, indexed by ``tensor.device.index``: None (a CPU tensor's) is slot 0."""
+
+    def __getitem__(self, index):
+        return super().__getitem__(0 if index is None else index)
+
+    def __setitem__(self, index, value):
+        super().__setitem__(0 if index is None else index, value)
+
+
+def install_offload(minimum_size: int = 0) -> None:
+    """Unsloth's offloaded gradient checkpointing (``use_gradient_checkpointing="unsloth"``, unsloth_zoo's
+    ``UnslothCheckpointFunction``) on the CPU. Its own switches: no pinned memory
+    (``UNSLOTH_DISABLE_PINNED_MEMORY``), no double buffering, fp32 activations kept exactly
+    (``UNSLOTH_OFFLOAD_FP32=exact``: on a GPU the activations are bf16 and kept exactly). Stood in for:
+    the streams, the device count and the staging buffers (one device, the CPU; a CPU tensor's device index
+    None read as 0), and the
+    2 MB floor under which a layer's input is not offloaded (``minimum_size``; 0 offloads every
+    checkpointed layer's input but the last, as a GPU does at real sizes)."""
+    import unsloth_zoo.gradient_checkpointing as gc
+
+    stream = _Stream()
+    gc._compute_stream = gc._main_stream = gc._new_extra_stream = lambda index: stream
+    gc._double_buffer_event_ctor = lambda: _Stream
+    gc.torch_gpu_stream = lambda s: contextlib.nullcontext()
+    gc._visible_device_count = lambda: 1
+    gc._new_gpu_buffer = lambda index: torch.empty(gc.INITIAL_GPU_BUFFER_SIZE, dtype=gc.GPU_BUFFER_DTYPE)
+    getitem, initialize = gc._PerDeviceSlots.__getitem__, gc.initialize_unsloth_gradient_checkpointing
+    gc._PerDeviceSlots.__getitem__ = lambda slots, index: getitem(slots, 0 if index is None else index)
+
+    def initialize_on_cpu(dtype=None):
+        initialize(dtype)
+        gc.NEXT_BUFFER_SLOT = _Slots(gc.NEXT_BUFFER_SLOT)
+        gc.MINIMUM_SIZE = minimum_size
+    gc.initialize_unsloth_gradient_checkpointing = initialize_on_cpu
+
+
+FUSED = ("LoRA_QKV", "LoRA_W", "LoRA_MLP")
+FUSED_CALLS = dict.fromkeys(FUSED, 0)
+
+
+def install_fused_lora() -> None:
+    """Unsloth's fused LoRA autograd functions (``unsloth.kernels.fast_lora``: q/k/v, o, the SwiGLU MLP),
+    which ``get_peft_model`` attaches to 16-bit weights, on the CPU: their forward and backward are torch
+    but for the MLP's two Triton SwiGLU kernels, stood in for by Unsloth's own traced torch version of the
+    backward (``_DWf_DW_dfg_traced``) and its arithmetic for the forward. Calls are counted in FUSED_CALLS."""
+    import unsloth.kernels.fast_lora as fast_lora
+    import unsloth.kernels.swiglu as swiglu
+
+    def swiglu_fg(e, g):
+        e32 = e.float()
+        return (torch.sigmoid(e32) * e32).to(e.dtype) * g
+
+    fast_lora.swiglu_fg_kernel = swiglu_fg
+    fast_lora.swiglu_DWf_DW_dfg_kernel = swiglu._DWf_DW_dfg_traced
+    for name in FUSED:
+        cls = getattr(fast_lora, name)
+        forward = cls.forward
+
+        def counted(ctx, *args, _forward=forward, _name=name):
+            FUSED_CALLS[_name] += 1
+            return _forward(ctx, *args)
+        cls.forward = staticmethod(counted)
+
+
+def install_training() -> None:
+    """What the launcher's training run needs on top of :func:`install`: :func:`install_offload`,
+    :func:`install_fused_lora`;
+    ``tarpo.models.loading.resolve_backend`` answering ``unsloth`` for ``BACKEND=unsloth`` (it asks for CUDA);
+    no CPU time estimate (``tarpo.runs.launch.cpu_run_estimate``: a run on a GPU makes none, and its probe
+    calls the model as no GPU run does)."""
+    import os
+    for name, value in {"UNSLOTH_DISABLE_PINNED_MEMORY": "1", "UNSLOTH_DISABLE_DOUBLE_BUFFER": "1",
+                        "UNSLOTH_OFFLOAD_FP32": "exact"}.items():
+        os.environ[name] = value
+    import unsloth  # noqa: F401
+
+    from tarpo.models import loading
+    from tarpo.runs import launch
+    install()
+    launch.cpu_run_estimate = lambda *args: 0.0
+    install_offload()
+    install_fused_lora()
+    resolve = loading.resolve_backend
+    loading.resolve_backend = lambda backend="auto": "unsloth" if backend == "unsloth" else resolve(backend)
 
 
 def load_trained(base: str, adapter: str, max_seq_length: int = 256):

@@ -1,6 +1,6 @@
 """Unsloth's decode path on the CPU (tests/workers/unsloth_cpu.py) with and without tarpo.patches.grouped_decode,
 for tests/test_unsloth_cpu.py: a seeded rollout of a left-padded batch, the SDPA calls of its decode
-steps, and what of the rollout's K/V is alive after it.
+steps, its host syncs per step (tests/syncs.py), and what of the rollout's K/V is alive after it.
 
     UNSLOTH_ALLOW_CPU=1 PYTHONPATH=<unsloth-cpu site>:tests python tests/workers/unsloth_decode_worker.py M A out.pt [--repeated]
 
@@ -28,6 +28,7 @@ def main(model_dir, adapter, out, repeated):
 
     import unsloth_cpu
     from backend_worker import fixed_batch
+    from syncs import per_decode_step
     from tarpo.models.backends import UNSLOTH_DECODE_BUFFERS, UnslothBackbone, make_backbone
     from tarpo.patches import grouped_decode
     from tarpo.engine.rollout import RolloutSpec, hybrid_generate
@@ -62,13 +63,13 @@ def main(model_dir, adapter, out, repeated):
 
     ids, mask = fixed_batch(model.config.vocab_size, "cpu")
     spec = RolloutSpec(max_new_tokens=20, temperature=0.5, routing="learned", engine="eager")
-    r = hybrid_generate(backbone, router, ids, mask, spec, token_piece_fn(tok), [tok.eos_token_id], tok.pad_token_id,
-                        noise_seed=0)
+    per_step, r, syncs = per_decode_step(lambda: hybrid_generate(
+        backbone, router, ids, mask, spec, token_piece_fn(tok), [tok.eos_token_id], tok.pad_token_id, noise_seed=0))
     left = [type(m).__name__ for m in model.modules() if set(UNSLOTH_DECODE_BUFFERS) & set(vars(m))]
     torch.save(dict(rollout={k: v for k, v in vars(r).items()}, calls=calls, refs=len(refs),
                     alive=sum(ref() is not None for ref in refs), modules_with_buffers=left,
                     past=backbone._past is not None, groups=model.config.num_attention_heads
-                    // model.config.num_key_value_heads), out)
+                    // model.config.num_key_value_heads, syncs_per_step=per_step, sync_sites=dict(syncs.where)), out)
     return 0
 
 

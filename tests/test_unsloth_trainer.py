@@ -1,0 +1,120 @@
+"""The launchers' default GPU path, Unsloth, trained end to end on Unsloth's own code (on the CPU), against
+transformers + PEFT from the same weights.
+
+``tests/workers/trainer_worker.py`` runs ``python -m tarpo.runs.launch gsm8k`` in a process of its own, once
+per backend, for TARPO and HRPO on a tiny Qwen2 and a tiny Llama-3.1 (llama3 rope scaling): the gsm8k
+preset (LoRA r 32 on q/k/v/o, gradient checkpointing, 8-bit AdamW), 6 optimizer steps of 2 micro-batches,
+a checkpoint every 2 steps, then a resume from ``checkpoint-2`` in a new run folder and one more step.
+Unsloth loads through ``FastLanguageModel.from_pretrained`` and ``get_peft_model`` (the launcher's
+``training_policy``), with ``use_gradient_checkpointing="unsloth"`` (512-token sequences: its offloading
+checkpoint function), ``tarpo.patches`` and its rewrite of the Trainer's loop; its GPU-only pieces are
+stood in for by ``tests/workers/unsloth_cpu.py`` (the list: docs/gpu-path.md).
+
+Tolerances, fp32: at step 1 both backends start from the same tensors and decode the same rollout (keyed
+noise), so the loss and every gradient agree to fp32 rounding of different operation orders (measured
+4e-7 relative; allowed 1e-5). From step 2 on they also carry the 8-bit optimizer's rounding: bitsandbytes
+stores Adam's moments in 8-bit blocks, and a gradient difference of 1e-7 can move an element's moment to
+the next code, which changes its update by about 1% of the learning rate (measured: at most 1.0% of the
+rate, in one element). So parameters agree within 3% of the learning rate per step taken, and later
+gradients within 5e-3 relative (measured at most 5.1e-4).
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import DATA, TINY, TINY_LLAMA, needs
+from test_unsloth_cpu import SITE
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "workers", "trainer_worker.py")
+COMPARED = ["qwen2-tarpo", "qwen2-hrpo", "llama-tarpo", "llama-hrpo"]  # fp32: the backends step by step
+FUSED = "llama-tarpo-bf16"  # bf16 weights, all linear layers: Unsloth's fused LoRA functions
+
+pytestmark = [needs("gsm8k"), pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "unsloth")),
+                                                 reason=f"Unsloth for CPU tests is not installed in {SITE}")]
+
+
+def rate(name: str) -> float:
+    """The learning rate of a tensor's parameter group in the worker's runs (LR, ROUTER_LR, HRPO_LR)."""
+    return 1e-2 if "tarpo_router" in name or "tarpo_gate" in name else 1e-3
+
+
+def rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from tarpo.tiny import random_model_dir
+
+    root = tmp_path_factory.mktemp("unsloth_trainer")
+    for arch, config in (("qwen2", TINY), ("llama", TINY_LLAMA)):
+        random_model_dir(str(root / "models" / arch), config, torch.float32, arch=arch)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(HERE, "workers"))
+    common = ["--model-root", str(root / "models"), "--data", os.path.join(DATA, "gsm8k")]
+    un, hf = str(root / "unsloth.pt"), str(root / "hf.pt")
+    for cmd, extra in (
+            (["--backend", "unsloth", "--unsloth-on-cpu", "--out", un],
+             dict(UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_LOCATION=str(root / "unsloth_cache"),
+                  PYTHONPATH=os.pathsep.join([SITE, os.path.join(HERE, "workers")]))),
+            (["--backend", "hf", "--out", hf, "--init-from", un], {})):
+        res = subprocess.run([sys.executable, WORKER, *common, *cmd], capture_output=True, text=True, timeout=900,
+                             env={**env, **extra}, cwd=str(root))
+        assert res.returncode == 0, res.stderr[-6000:]
+    return torch.load(un, weights_only=False), torch.load(hf, weights_only=False)
+
+
+@pytest.mark.parametrize("case", COMPARED)
+def test_unsloth_trains_what_transformers_trains(runs, case):
+    un, hf = (r[case]["A"] for r in runs)
+    assert sorted(un["grads"]) == sorted(hf["grads"]) == [1, 2, 3, 4, 5, 6]
+    names = sorted(n for n in hf["initial"] if n != "checkpointing")
+    assert names == sorted(n for n in un["initial"] if n != "checkpointing")
+    assert any("lora_A" in n for n in names) and any("tarpo_router" in n or "tarpo_gate" in n for n in names)
+    assert all(np.array_equal(un["initial"][n], hf["initial"][n]) for n in names)  # the same start
+    assert un["initial"]["checkpointing"] is False and hf["initial"]["checkpointing"] is True  # Unsloth's own
+    for step in range(1, 7):
+        assert abs(un["loss"][step] - hf["loss"][step]) <= 1e-5, (step, un["loss"][step], hf["loss"][step])
+        grads = {n: rel(un["grads"][step][n], hf["grads"][step][n]) for n in names}
+        assert max(grads.values()) <= (1e-5 if step == 1 else 5e-3), (step, max(grads.items(), key=lambda kv: kv[1]))
+        drift = {n: np.abs(un["params"][step][n] - hf["params"][step][n]).max() / rate(n) for n in names}
+        assert max(drift.values()) <= 0.03 * step, (step, max(drift.items(), key=lambda kv: kv[1]))
+    last, first = hf["params"][6], hf["initial"]
+    assert all(not np.array_equal(last[n], first[n]) for n in names)  # every LoRA, router and gate tensor trained
+
+
+@pytest.mark.parametrize("backend", ["unsloth", "hf"])
+@pytest.mark.parametrize("case", [*COMPARED, FUSED])
+def test_a_resumed_run_continues_exactly_and_nothing_grows(runs, case, backend):
+    """Run B resumed from run A's checkpoint-2 and made step 3 as run A did, to the bit; in run A the hooks,
+    buffers, checkpoint functions, compiled graphs and live tensors are the same after steps 2 and 6, and the
+    rollouts left every module's checkpointing as the trainer set it up."""
+    from growth import differences
+
+    r = runs[0 if backend == "unsloth" else 1]
+    if case not in r:
+        pytest.skip(f"{case} runs on Unsloth only")
+    a, b = r[case]["A"], r[case]["B"]
+    assert sorted(b["grads"]) == [3] and a["loss"][3] == b["loss"][3]
+    for part in ("grads", "params"):
+        assert all(np.array_equal(a[part][3][n], b[part][3][n]) for n in a[part][3]), part
+    taken = a["growth"]
+    assert differences(taken[2], taken[6]) == {}
+    assert taken[2]["checkpointing"] == taken[0]["checkpointing"]
+
+
+def test_unsloths_fused_lora_functions_train_under_the_trainer(runs):
+    """bf16 weights and LoRA on every linear layer: Unsloth's fused q/k/v, o and SwiGLU-MLP autograd functions
+    run in the rollouts' and the training forwards' place, and every trainable tensor changes."""
+    case = runs[0][FUSED]
+    assert all(n > 0 for n in case["fused"].values()), case["fused"]
+    a = case["A"]
+    names = [n for n in a["initial"] if n != "checkpointing"]
+    assert any("gate_proj.lora_A" in n for n in names)
+    assert all(np.isfinite(a["loss"][s]) for s in range(1, 7))
+    assert all(not np.array_equal(a["params"][6][n], a["initial"][n]) for n in names)
