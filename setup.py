@@ -26,8 +26,9 @@ setup(
     package_data={"tarpo": ["resources/*.json"]},
     install_requires=requirements,
     entry_points={"console_scripts": ["tarpo = tarpo.cli:main"]},
+    # Unsloth is not an extra: its declared torchvision and xformers would replace the installed torch;
+    # scripts/install_gpu.sh installs it (requirements-gpu.txt, requirements-unsloth.txt, docs/gpu-install.md)
     extras_require={
-        "gpu": ["unsloth==2026.10.7", "unsloth_zoo==2026.10.7"],
         "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0"],
     },
 )

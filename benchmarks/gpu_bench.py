@@ -208,7 +208,7 @@ def run_one(name: str, args, path: str | None = None) -> dict:
         return res
     backend = "unsloth" if name.endswith("unsloth") else "hf"
     if backend == "unsloth" and resolve_backend("auto") != "unsloth":
-        res["skipped"] = "needs CUDA and the gpu extra (unsloth)"
+        res["skipped"] = "needs CUDA and Unsloth (scripts/install_gpu.sh)"
         return res
     config = TarpoConfig(output_dir=tempfile.mkdtemp(), lora_r=32, lora_alpha=64, bf16=device.type == "cuda",
                          max_prompt_length=args.prompt_len, max_completion_length=max(args.new_tokens,

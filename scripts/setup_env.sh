@@ -4,7 +4,7 @@
 #   bash scripts/setup_env.sh run       # what the demo and the launchers need (torch CPU wheel + pins)
 #   bash scripts/setup_env.sh           # that, plus the test tools (pytest, the CPU copy of Unsloth,
 #                                       # the GPU machine's torch 2.11 beside it): what scripts/test.sh uses
-#   EXTRAS=dev,gpu bash scripts/setup_env.sh   # on a CUDA machine, with Unsloth
+#   EXTRAS=dev,gpu bash scripts/setup_env.sh   # on a CUDA machine, with Unsloth (scripts/install_gpu.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAYER=${1:-dev}
@@ -13,7 +13,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-dev}
 [ "$LAYER" = run ] && EXTRAS=${EXTRAS//dev/} && EXTRAS=${EXTRAS//,,/,} && EXTRAS=${EXTRAS#,} && EXTRAS=${EXTRAS%,}
-core=$(cat requirements.txt setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)
+core=$(cat requirements.txt requirements-gpu.txt requirements-unsloth.txt setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)
 want=$core-$(cat scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py | sha256sum | cut -c1-16)-$EXTRAS-${TARPO_TORCH_SIDE:-1}
 stamp="$VENV/.tarpo-env"
 run_stamp="$VENV/.tarpo-env-run"
@@ -42,7 +42,12 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
 fi
 if [ ! -f "$run_stamp" ] || [ "$(cat "$run_stamp")" != "$core-${EXTRAS}" ]; then
   pip install -r requirements.txt
-  pip install -e ".${EXTRAS:+[$EXTRAS]}"
+  extras=$(echo ",$EXTRAS," | sed 's/,gpu,/,/g; s/^,*//; s/,*$//')  # gpu: not an extra, scripts/install_gpu.sh
+  if [[ ",$EXTRAS," == *",gpu,"* ]]; then
+    PYTHON="$VENV/bin/python" EXTRAS="$extras" bash scripts/install_gpu.sh
+  else
+    pip install -e ".${extras:+[$extras]}"
+  fi
   "$VENV/bin/python" -c "import tarpo, torch, trl, peft, transformers"
   echo "$core-$EXTRAS" > "$run_stamp"
 fi
@@ -56,7 +61,7 @@ fi
 if [[ ",$EXTRAS," == *",dev,"* && ",$EXTRAS," != *",gpu,"* ]]; then
   rm -rf "$VENV/unsloth-cpu.tmp"
   "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps --no-compile --target "$VENV/unsloth-cpu.tmp" \
-    unsloth==2026.10.7 unsloth_zoo==2026.10.7 triton==3.7.1
+    -r requirements-unsloth.txt triton==3.7.1
   rm -rf "$VENV/unsloth-cpu" && mv "$VENV/unsloth-cpu.tmp" "$VENV/unsloth-cpu"
 fi
 # The GPU machine's torch (2.11, CUDA build with stub CUDA libraries: a 506 MiB download, 1.1 GB on

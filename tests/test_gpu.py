@@ -18,7 +18,7 @@ import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not (torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None),
-    reason="needs a CUDA GPU and the gpu extra (unsloth)")]
+    reason="needs a CUDA GPU and Unsloth (scripts/install_gpu.sh)")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

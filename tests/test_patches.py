@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 unsloth_installed = importlib.util.find_spec("unsloth") is not None
 
 
-@pytest.mark.skipif(not unsloth_installed, reason="the gpu extra (unsloth) is not installed")
+@pytest.mark.skipif(not unsloth_installed, reason="unsloth is not installed (scripts/install_gpu.sh)")
 def test_patch_targets_exist_with_the_expected_signatures_in_the_installed_unsloth():
     check_versions()
     check_source()

@@ -165,3 +165,37 @@ def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokeni
     checks = [t for t in range(len(per_step)) if (t + 1) % DONE_CHECK_EVERY == 0]
     assert per_step == [int(t in checks) for t in range(len(per_step))], counter.report()
     assert checks and out.ended_with_eos.any() and out.is_soft.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU test above counts the same points)")
+def test_on_a_gpu_no_decode_step_between_end_checks_syncs(tokenizer, monkeypatch):
+    """torch.cuda.set_sync_debug_mode("error") from the first decode step on, off only for the loop's end
+    checks and the rollout's tail: any other host sync of the eager engine raises."""
+    import tarpo.engine.rollout as rollout
+    from tarpo.engine.records import DONE_CHECK_EVERY
+    from tarpo.tiny import tiny_causal_lm
+
+    model = tiny_causal_lm(tokenizer, "qwen2").cuda()
+    step, check, tail = rollout.hybrid_step, rollout._end_check, rollout.steps_that_ran
+
+    def strict(fn, mode):
+        def run(*args, **kwargs):
+            torch.cuda.set_sync_debug_mode("default")
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+        return run
+    monkeypatch.setattr(rollout, "hybrid_step", lambda *a, **k: (torch.cuda.set_sync_debug_mode("error"), step(*a, **k))[1])
+    monkeypatch.setattr(rollout, "_end_check", strict(check, "error"))
+    monkeypatch.setattr(rollout, "steps_that_ran", strict(tail, "default"))
+    enc = encode_prompts(tokenizer, PROMPTS).to("cuda")
+    spec = RolloutSpec(max_new_tokens=2 * DONE_CHECK_EVERY + 3, temperature=0.8, soft_top_k=5, routing="learned")
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0]).cuda()
+    try:
+        out = hybrid_generate(Backbone(model), router, enc.input_ids, enc.attention_mask, spec, noise_seed=3,
+                              **decode_kwargs(tokenizer))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.completion_mask.any()

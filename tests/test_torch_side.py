@@ -99,9 +99,11 @@ def test_setup_py_admits_torch_2_11_to_2_13_and_requirements_txt_pins_2_13():
         sorted(p for p in pins if not p.startswith("torch"))
 
 
-def test_the_gpu_extra_names_no_torch_build():
+def test_no_extra_names_a_torch_build():
+    """Unsloth is no extra (its declared torchvision and xformers pin torch: tests/test_gpu_install.py)."""
     extras = setup_kwargs()["extras_require"]
-    for name in ("gpu", "dev"):
+    assert "gpu" not in extras
+    for name in extras:
         named = {Requirement(r).name.lower().replace("_", "-") for r in extras[name]}
         assert not named & {"torch", "torchvision", "torchaudio", "triton", "xformers"}, (name, named)
 

@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--grader", help="override the task's grader")
     p.add_argument("--backend", default="auto", choices=["auto", "hf", "unsloth"],
-                   help="auto: Unsloth (tarpo.patches) on CUDA with the gpu extra, else transformers")
+                   help="auto: Unsloth (tarpo.patches) on CUDA where it is installed (scripts/install_gpu.sh), else transformers")
     p.add_argument("--engine", default="auto", choices=["auto", "eager", "compiled"],
                    help="rollout engine (tarpo.engine.rollout): auto = compiled on the transformers backend on CUDA, eager "
                         "(Unsloth's decode path) on Unsloth and on the CPU; the engines draw different random streams")

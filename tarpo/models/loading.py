@@ -80,7 +80,7 @@ def resolve_backend(backend: str = "auto") -> str:
         raise ValueError(f"backend={backend!r}: must be one of {', '.join(BACKENDS)}")
     available = torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None
     if backend == "unsloth" and not available:
-        raise ValueError("backend=unsloth needs CUDA and the gpu extra (pip install -e '.[gpu]')")
+        raise ValueError("backend=unsloth needs CUDA and Unsloth (bash scripts/install_gpu.sh, docs/gpu-install.md)")
     return "unsloth" if backend == "unsloth" or (backend == "auto" and available) else "hf"
 
 

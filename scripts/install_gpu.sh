@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The project with Unsloth, on a CUDA machine whose torch (2.11 to 2.13, the CUDA build) is already installed,
+# keeping that torch. From the repository root, in the environment that holds the torch:
+#   bash scripts/install_gpu.sh                        # PYTHON=... picks the interpreter (default: python)
+#   DRY_RUN_REPORT=/tmp/gpu bash scripts/install_gpu.sh # pip's --dry-run --report /tmp/gpu-{1,2}.json; installs nothing
+# unsloth declares torchvision and xformers, and each release of either is built for one torch: a resolving
+# `pip install unsloth` over an installed torch can replace it (or fail offline). So: the project and what
+# Unsloth needs (requirements-gpu.txt), with the installed torch as a constraint (pip fails rather than
+# replace it), then unsloth and unsloth_zoo without their declared dependencies (docs/gpu-install.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+if ! torch_version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null); then
+  echo "install_gpu.sh: $PYTHON has no torch: install the CUDA build of torch 2.11-2.13 for this machine first" >&2
+  exit 2
+fi
+constraint=$(mktemp)
+trap 'rm -f "$constraint"' EXIT
+echo "torch==$torch_version" > "$constraint"
+n=0
+pip() {
+  n=$((n + 1))
+  if [ -n "${DRY_RUN_REPORT:-}" ]; then
+    "$PYTHON" -m pip install --dry-run --report "$DRY_RUN_REPORT-$n.json" "$@"
+  else
+    "$PYTHON" -m pip install "$@"
+  fi
+}
+pip -c "$constraint" -e ".${EXTRAS:+[$EXTRAS]}" -r requirements-gpu.txt
+pip --no-deps -r requirements-unsloth.txt
+[ -n "${DRY_RUN_REPORT:-}" ] && echo "dry run: pip's reports in $DRY_RUN_REPORT-{1,2}.json" || echo "installed; torch $torch_version kept"
