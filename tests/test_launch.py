@@ -95,16 +95,27 @@ def test_baseline_settings_as_their_authors_run_them():
             check_trainer(resolve("math", {"ALGO": "hrpo", **env}), cuda=False)
 
 
-def test_the_compiled_engine_is_refused_on_unsloth_before_anything_loads():
-    from tarpo.engine.rollout import engine_for_backend
+def test_a_dry_run_on_a_gpu_with_unsloth_resolves_the_compiled_engine(monkeypatch, capsys):
+    """``DRY_RUN=1 bash run_math.sh`` where CUDA and Unsloth are there (both faked): the Unsloth backend, and
+    the compiled engine, which decodes the model's own tensors whichever backend loaded it."""
+    import importlib.util
 
-    picked = {(e, b): engine_for_backend(e, b, cuda=True) for e, b in (("auto", "hf"), ("auto", "unsloth"),
-                                                                      ("eager", "unsloth"), ("compiled", "hf"))}
-    assert picked == {("auto", "hf"): "compiled", ("auto", "unsloth"): "eager", ("eager", "unsloth"): "eager",
-                      ("compiled", "hf"): "compiled"}
-    assert engine_for_backend("auto", "hf", cuda=False) == "eager"  # on the CPU the compile is not repaid
-    with pytest.raises(ValueError, match="ENGINE=compiled runs the transformers decoder.*Unsloth"):
-        engine_for_backend("compiled", "unsloth", "ENGINE")
+    from tarpo.runs import launch
+    from test_memory_plan import fake_gpu, run_launcher
+
+    fake_gpu(monkeypatch, 79.1)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "unsloth" else find_spec(name, *a))
+    monkeypatch.setattr(launch, "check_trainer", lambda cfg, cuda: None)  # it would ask transformers for a bf16 GPU
+    status, out, err = run_launcher(monkeypatch, capsys, "math", DRY_RUN="1")
+    assert status == 0, err
+    cfg = json.loads(out.strip().splitlines()[-1])
+    assert cfg["memory_plan"]["backend"] == "unsloth" and cfg["memory_plan"]["engine"] == "compiled"
+    from tarpo.engine.engine_choice import engine_for
+    assert [engine_for("auto", cuda) for cuda in (True, False)] == ["compiled", "eager"]
+    assert engine_for("eager", cuda=True) == "eager"
+    with pytest.raises(ValueError, match="ENGINE='fast': must be one of"):
+        engine_for("fast", True, "ENGINE")
 
 
 @pytest.mark.parametrize("env, message", [

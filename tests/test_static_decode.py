@@ -144,16 +144,25 @@ def test_a_rollout_reruns_identically_on_the_reused_engine(model, tokenizer):
     assert_same(first, again)
 
 
-def test_compiled_engine_refuses_a_backbone_with_its_own_decode_path(model, tokenizer, monkeypatch):
+def test_the_compiled_engine_decodes_a_backbone_with_its_own_decode_path(model, tokenizer, monkeypatch):
+    """A backbone whose model decodes through its own path (Unsloth's, stood in for) rolls out through the
+    compiled step, which reads the model's tensors, and draws what its eager decode draws."""
     from helpers import stand_in_unsloth_decode
-    from tarpo.models.backends import make_backbone
+    from tarpo.models.backends import UnslothBackbone, make_backbone
 
     stand_in_unsloth_decode(model, monkeypatch)
+    backbone = make_backbone(model)
+    assert isinstance(backbone, UnslothBackbone)
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
     enc = encode_prompts(tokenizer, PROMPTS)
-    spec = RolloutSpec(max_new_tokens=4, engine="compiled", routing="hard")
-    with pytest.raises(ValueError, match="engine='compiled'.*UnslothBackbone.*eager"):
-        hybrid_generate(make_backbone(model), None, enc.input_ids, enc.attention_mask, spec,
-                        token_piece_fn(tokenizer), [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    out = {}
+    for engine in ("eager", "compiled"):
+        spec = RolloutSpec(max_new_tokens=20, temperature=0.8, soft_top_k=5, engine=engine)
+        out[engine] = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec,
+                                      token_piece_fn(tokenizer), [tokenizer.eos_token_id], tokenizer.pad_token_id,
+                                      noise_seed=5)
+    assert out["eager"].is_soft.any()
+    assert_same(out["eager"], out["compiled"])
 
 
 def test_grouped_decode_attention_equals_sdpa_with_repeated_heads():
@@ -262,7 +271,7 @@ def test_the_rollouts_cache_and_buffers_are_released_when_it_returns(model, toke
 
     def tracked(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        made.append([weakref.ref(self.cache), *(weakref.ref(b) for b in self.rec.values())])
+        made.append([*(weakref.ref(t) for kv in self.cache for t in kv), *(weakref.ref(b) for b in self.rec.values())])
     monkeypatch.setattr(StaticDecoder, "__init__", tracked)
     run_both(model, tokenizer, "learned", seed=6)
     gc.collect()

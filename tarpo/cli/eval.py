@@ -38,7 +38,8 @@ from tqdm.auto import tqdm
 
 from ..config import ENTROPY_SIDES, add_flags
 from ..engine.latent import HRPO_WEIGHTS
-from ..engine.rollout import RolloutSpec, engine_for_backend
+from ..engine.engine_choice import engine_for
+from ..engine.rollout import RolloutSpec
 from ..engine.router import ROUTER_WEIGHTS
 from ..evaluation.sample import sample, score_records, summarize
 from ..evaluation.trajectories import TrajectoryFile
@@ -131,7 +132,8 @@ def check_arguments(args) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0")
     if args.entropy_soft_when not in ENTROPY_SIDES:
         raise ValueError(f"--entropy-soft-when {args.entropy_soft_when}: must be one of {', '.join(ENTROPY_SIDES)}")
-    args.engine = engine_for_backend(args.engine, resolve_backend(args.backend), "--engine")
+    resolve_backend(args.backend)  # refused here, before anything loads, where it cannot run
+    args.engine = engine_for(args.engine, torch.cuda.is_available(), "--engine")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise ValueError("--batch-size and --limit must be >= 1")
 

@@ -56,12 +56,6 @@ class Backbone:
         return contextlib.nullcontext()
 
 
-def decodes_on_its_own_path(backbone) -> bool:
-    """Whether the backbone decodes through its own path (Unsloth's, :mod:`tarpo.models.backends`) rather than
-    by feeding ``inputs_embeds`` to the transformers decoder, which the compiled engine needs."""
-    return type(backbone).hidden is not Backbone.hidden or getattr(backbone, "fixed_batch", False)
-
-
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids for left-padded rows: 0 at each row's first real token (as ``generate``)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

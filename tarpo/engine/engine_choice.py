@@ -1,7 +1,9 @@
-"""``ENGINE=auto``: the rollout engine whose cost the run's work repays (docs/rollout-engines.md).
+"""The rollout engine: ``eager``, ``compiled``, or ``auto``, the one whose cost the run's work repays
+(docs/rollout-engines.md). :func:`engine_for` is the rule every caller uses; :class:`RunEngine` applies it
+to a training run, deciding on the CPU by cost.
 
-- **CUDA**: the compiled step for a backbone that feeds ``inputs_embeds`` to the transformers
-  decoder; the eager loop for one with its own decode path (Unsloth's).
+- **CUDA**: the compiled step, whichever backend loaded the model (it decodes the model's own tensors,
+  :mod:`tarpo.engine.functional_decoder`).
 - **CPU**: the compiled step runs a token about ``COMPILED_SPEEDUP`` times faster than the eager
   loop (``benchmarks/bench_rollout.py``), but inductor's C++ build of it costs about
   ``COMPILE_BASE_S + COMPILE_PER_LAYER_S * layers`` seconds with a cold cache (2-layer test model:
@@ -18,6 +20,8 @@
 
 from __future__ import annotations
 
+from ..config import ENGINES
+
 COMPILED_SPEEDUP = 2.4     # eager / compiled seconds per decode step, CPU (benchmarks/bench_rollout.py)
 COMPILE_BASE_S = 20.0      # cold-cache compile of the step on the CPU, fixed part (seconds)
 COMPILE_PER_LAYER_S = 45.0  # and per decoder layer (inductor unrolls the layers into one graph)
@@ -31,6 +35,21 @@ def cpu_choice(layers: int, decode_steps: int, eager_step_s: float) -> tuple[str
     why = (f"CPU: compiling the step (~{compile_s:.0f} s for {layers} layers) would save ~{saved_s:.0f} s over "
            f"{decode_steps} decode steps of {eager_step_s * 1000:.1f} ms")
     return engine, why
+
+
+def engine_for(engine: str, cuda: bool, setting: str = "rollout_engine") -> str:
+    """The engine of a rollout on a GPU (``cuda``) or the CPU; a name that is no engine is refused, naming
+    ``setting``. ``auto`` is the compiled engine on a GPU, the eager loop on the CPU (where a training run
+    may still switch after timing its first rollout: :class:`RunEngine`).
+
+        >>> engine_for("auto", cuda=True), engine_for("auto", cuda=False), engine_for("eager", cuda=True)
+        ('compiled', 'eager', 'eager')
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"{setting}={engine!r}: must be one of {', '.join(ENGINES)}")
+    if engine != "auto":
+        return engine
+    return "compiled" if cuda else "eager"
 
 
 def decoder_layers(model) -> int:
@@ -51,15 +70,13 @@ class RunEngine:
         self.requested, self.layers = requested, layers
         self.decision: dict | None = None
 
-    def next(self, cuda: bool, own_decode_path: bool) -> str:
+    def next(self, cuda: bool) -> str:
         """The engine of the next rollout."""
         if self.requested != "auto":
             return self.requested
-        if self.decision is None and (cuda or own_decode_path):
-            engine = "eager" if own_decode_path else "compiled"
-            why = "the backbone decodes on its own path (Unsloth)" if own_decode_path else "CUDA"
-            self.decision = {"requested": "auto", "engine": engine, "why": why}
-        return "eager" if self.decision is None else self.decision["engine"]
+        if self.decision is None and cuda:
+            self.decision = {"requested": "auto", "engine": engine_for("auto", cuda=True), "why": "CUDA"}
+        return engine_for("auto", cuda=False) if self.decision is None else self.decision["engine"]
 
     def observed(self, seconds: float, decode_steps: int, steps_ahead: int) -> dict | None:
         """After the timed first (eager) rollout on the CPU: decide; returns the new decision, else None."""

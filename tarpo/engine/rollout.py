@@ -33,15 +33,15 @@ from transformers import DynamicCache
 from ..config import ENGINES, ENTROPY_SIDES, default
 from ..routing import ROUTINGS, TOP_K, routing_rule
 from . import tag_automaton
-from .backbone import Backbone, decodes_on_its_own_path, positions_from_mask
+from .backbone import Backbone, positions_from_mask
+from .engine_choice import engine_for
 from .grouped_attention import grouped_decode_attention_on
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .sampling import row_keys
 from .static_decode import compiled_generate
 from .step import StepSettings, hybrid_step, new_state, step_gate
 
-__all__ = ["RolloutSpec", "Rollout", "hybrid_generate", "resolve_engine", "engine_for_backend",
-           "decodes_on_its_own_path", "release_cache"]
+__all__ = ["RolloutSpec", "Rollout", "hybrid_generate", "release_cache"]
 
 
 @dataclass
@@ -86,36 +86,6 @@ class RolloutSpec:
         return cls(**kwargs)
 
 
-def resolve_engine(engine: str, backbone) -> str:
-    """``"auto"`` -> ``"compiled"`` for a backbone on CUDA that feeds ``inputs_embeds`` to the
-    transformers decoder; ``"eager"`` on the CPU, where compiling the step costs more than short
-    runs save (docs/rollout-engines.md), and for a backbone with its own decode path."""
-    if engine != "auto":
-        return engine
-    on_cuda = backbone.embed_weight.device.type == "cuda"
-    return "compiled" if on_cuda and not decodes_on_its_own_path(backbone) else "eager"
-
-
-def engine_for_backend(engine: str, backend: str, setting: str = "rollout_engine", cuda: bool | None = None) -> str:
-    """The engine a run will use, known before the model loads (``backend``: ``hf`` or ``unsloth``,
-    as :func:`tarpo.models.loading.resolve_backend` returns; ``cuda``: whether it runs on a GPU, default:
-    whether this machine has one); a compiled engine on Unsloth is refused, naming ``setting``.
-
-        >>> [engine_for_backend("auto", b, cuda=True) for b in ("hf", "unsloth")], engine_for_backend("auto", "hf", cuda=False)
-        (['compiled', 'eager'], 'eager')
-    """
-    if engine not in ENGINES:
-        raise ValueError(f"{setting}={engine!r}: must be one of {', '.join(ENGINES)}")
-    if backend == "unsloth" and engine == "compiled":
-        raise ValueError(f"{setting}=compiled runs the transformers decoder with a static cache; Unsloth replaces "
-                         "that decoder process-wide: use the eager engine (Unsloth's decode path) or the hf backend")
-    if engine != "auto":
-        return engine
-    if cuda is None:
-        cuda = torch.cuda.is_available()
-    return "compiled" if cuda and backend != "unsloth" else "eager"
-
-
 @torch.no_grad()
 def hybrid_generate(
     backbone: Backbone,
@@ -134,10 +104,9 @@ def hybrid_generate(
 ) -> Rollout:
     """Decode a batch of left-padded prompts with per-step hard/soft inputs.
 
-    ``spec.engine`` picks the engine: ``"eager"``, this module's loop, the reference;
-    ``"compiled"``, :mod:`tarpo.engine.static_decode` (the transformers backend only); ``"auto"``,
-    compiled where the backbone feeds ``inputs_embeds`` to the transformers decoder, else eager
-    (:func:`resolve_engine`).
+    ``spec.engine`` picks the engine: ``"eager"``, this module's loop through the backend's own decode, the
+    reference; ``"compiled"``, :mod:`tarpo.engine.static_decode` over the model's own tensors, any backend;
+    ``"auto"``, compiled on a GPU, else eager (:func:`tarpo.engine.engine_choice.engine_for`).
 
     Args:
         backbone: the policy (:class:`Backbone`).
@@ -165,7 +134,7 @@ def hybrid_generate(
     if r.soft_input != TOP_K and latent is None:
         raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise / "
                          "Gumbel temperature)")
-    engine = resolve_engine(spec.engine, backbone)
+    engine = engine_for(spec.engine, backbone.embed_weight.device.type == "cuda")
     keys = None
     if engine == "compiled" or noise_seed is not None:
         if noise_seed is None:

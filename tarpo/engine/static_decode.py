@@ -46,11 +46,10 @@ from __future__ import annotations
 import os
 
 import torch
-from transformers import StaticCache
 
 from . import tag_automaton
-from .backbone import Backbone, decodes_on_its_own_path, positions_from_mask
-from .grouped_attention import grouped_decode_attention_on
+from . import functional_decoder
+from .backbone import Backbone, positions_from_mask
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .step import StepSettings, hybrid_step, new_state, step_gate
 
@@ -62,25 +61,29 @@ RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default,
 COMPILE_BACKEND_VARIABLE = "TARPO_COMPILE_BACKEND"
 
 
-def decode_step(backbone, router, gate, c: StepSettings, buf, rec, cache, mask, next_tag, hit_tag, eos):
+def decode_step(backbone, weights, router, gate, c: StepSettings, buf, rec, cache, mask, next_tag, hit_tag, eos):
     """One decode step for every row: reads ``h_t`` and the loop state from ``buf``, writes
     ``rec[:, t]``, then ``h_{t+1}`` and the next state back into ``buf``; returns nothing.
 
-    ``buf``: ``hidden`` [B, d], ``t`` (0-d long), ``pos`` [B] next position ids, the loop state of
-    :func:`tarpo.engine.step.new_state` and ``keys`` [B] the rows' noise keys.
+    ``buf``: ``hidden`` [B, d], ``t`` (0-d long), ``slot`` (0-d long) the cache slot of the next input,
+    ``pos`` [B] its position ids, the loop state of :func:`tarpo.engine.step.new_state` and ``keys`` [B] the
+    rows' noise keys. The decoder is :func:`tarpo.engine.functional_decoder.forward` over ``weights``, the
+    model's own tensors; ``backbone`` gives the embedding and the head.
     """
     t = buf["t"]
     out = hybrid_step(c, backbone, router, gate, buf["hidden"], buf, t, buf["keys"], None, next_tag, hit_tag, eos)
     index = t.view(1)
     for name, value in out.records.items():
         rec[name].index_copy_(1, index, value.unsqueeze(1))
-    decoded = backbone.decoder(inputs_embeds=out.inputs[:, None], attention_mask=mask,
-                               position_ids=buf["pos"][:, None], past_key_values=cache, use_cache=True)
+    slot = buf["slot"]
+    hidden = functional_decoder.forward(weights, out.inputs[:, None], buf["pos"][:, None], cache, slot.view(1),
+                                        functional_decoder.decode_mask(mask, slot))
     for name, value in out.state.items():
         buf[name].copy_(value)
     buf["pos"].add_(1)
     buf["t"].add_(1)
-    buf["hidden"].copy_(decoded.last_hidden_state[:, -1])
+    buf["slot"].add_(1)
+    buf["hidden"].copy_(hidden[:, -1])
 
 
 _COMPILED: dict[tuple[str, str], object] = {}
@@ -180,15 +183,16 @@ class _LateFlag:
 class StaticDecoder:
     """The static buffers of one rollout: cache, mask, loop state, records (see the module doc)."""
 
-    def __init__(self, backbone: Backbone, batch: int, new_tokens: int, cache_len: int, k: int, full_mix: bool,
-                 pad_token_id: int, device):
+    def __init__(self, backbone: Backbone, weights, batch: int, new_tokens: int, cache_len: int, k: int,
+                 full_mix: bool, pad_token_id: int, device):
         B, z = batch, dict(device=device)
-        self.cache = StaticCache(config=backbone.config, max_cache_len=cache_len)
+        self.cache = functional_decoder.new_cache(weights, B, cache_len, backbone.embed_weight.dtype, device)
         self.rec = new_records(B, new_tokens, k, backbone.embed_weight.shape[1] if full_mix else 0, pad_token_id,
                                device)
         self.mask = torch.ones(B, cache_len, dtype=torch.long, **z)
         self.buf = dict(hidden=torch.zeros(B, backbone.config.hidden_size, dtype=backbone.embed_weight.dtype, **z),
-                        t=torch.zeros((), dtype=torch.long, **z), pos=torch.zeros(B, dtype=torch.long, **z),
+                        t=torch.zeros((), dtype=torch.long, **z), slot=torch.zeros((), dtype=torch.long, **z),
+                        pos=torch.zeros(B, dtype=torch.long, **z),
                         keys=torch.zeros(B, dtype=torch.long, **z), **new_state(B, device))
 
 
@@ -200,13 +204,6 @@ def cache_length(prompt_len: int, new_tokens: int, prompt_budget: int | None = N
         (192, 1152)
     """
     return -(-(max(prompt_len, prompt_budget or 0) + new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
-
-
-def check_backbone(backbone) -> None:
-    if decodes_on_its_own_path(backbone):
-        raise ValueError(f"engine='compiled' feeds inputs_embeds to the transformers decoder with a StaticCache; "
-                         f"{type(backbone).__name__} decodes through its own path (BACKEND=unsloth): use "
-                         "engine='eager' with it")
 
 
 def check_fits(spec, prompt_ids) -> int:
@@ -226,7 +223,6 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
                       keys: torch.Tensor, latent, lockstep=None):
     """:func:`tarpo.engine.rollout.hybrid_generate` with ``engine="compiled"`` (arguments checked there);
     ``keys``: the rows' noise keys (:func:`tarpo.engine.sampling.row_keys`)."""
-    check_backbone(backbone)
     device = prompt_ids.device
     rows, P = prompt_ids.shape
     B = check_fits(spec, prompt_ids)
@@ -234,7 +230,8 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
     vocab = backbone.lm_head.weight.shape[0]
     settings = StepSettings.of(spec, pad_token_id, latent)
     gate = step_gate(spec.routing, latent)
-    engine = StaticDecoder(backbone, B, T, cache_length(P, T, spec.max_prompt_length), spec.soft_top_k,
+    weights = functional_decoder.decoder_weights(backbone.model)  # the model's own tensors, whichever backend
+    engine = StaticDecoder(backbone, weights, B, T, cache_length(P, T, spec.max_prompt_length), spec.soft_top_k,
                            settings.full_mix, pad_token_id, device)
     if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs
         fill = B - rows
@@ -248,26 +245,26 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
     next_tag, hit_tag = tag_automaton.tables(piece, spec.answer_tag, vocab, device)
     eos = torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=device)
 
-    with backbone.decoding(), grouped_decode_attention_on(backbone.config):
-        pos = positions_from_mask(prompt_mask.long())
-        prefill = backbone.decoder(inputs_embeds=E[prompt_ids], attention_mask=engine.mask[:, :P],
-                                   position_ids=pos, past_key_values=engine.cache, use_cache=True)
-        engine.buf["hidden"].copy_(prefill.last_hidden_state[:, -1])
-        engine.buf["pos"].copy_(pos[:, -1] + 1)
-        del prefill
-        step = compiled_step(device)
-        run = step_runner(lambda: step(backbone, router, gate, settings, engine.buf, engine.rec, engine.cache,
-                                       engine.mask, next_tag, hit_tag, eos), device)
-        flag = _LateFlag()
-        for t in range(T):
-            run()
-            if (t + 1) % DONE_CHECK_EVERY:
-                continue
-            if lockstep is not None:  # sharded model: every rank steps until no rank has a running row
-                if not lockstep(bool(engine.buf["alive"].any())):
-                    break
-            elif flag.read_then_post(engine.buf["alive"].any()) is False:
+    pos = positions_from_mask(prompt_mask.long())
+    hidden = functional_decoder.forward(weights, E[prompt_ids], pos, engine.cache, torch.arange(P, device=device),
+                                        functional_decoder.prefill_mask(prompt_mask), P)
+    engine.buf["hidden"].copy_(hidden[:, -1])
+    engine.buf["pos"].copy_(pos[:, -1] + 1)
+    engine.buf["slot"].fill_(P)
+    del hidden
+    step = compiled_step(device)
+    run = step_runner(lambda: step(backbone, weights, router, gate, settings, engine.buf, engine.rec, engine.cache,
+                                   engine.mask, next_tag, hit_tag, eos), device)
+    flag = _LateFlag()
+    for t in range(T):
+        run()
+        if (t + 1) % DONE_CHECK_EVERY:
+            continue
+        if lockstep is not None:  # sharded model: every rank steps until no rank has a running row
+            if not lockstep(bool(engine.buf["alive"].any())):
                 break
+        elif flag.read_then_post(engine.buf["alive"].any()) is False:
+            break
 
     steps = steps_that_ran(engine.rec["completion_mask"][:rows])
     rec = {name: buf[:rows, :steps].clone() for name, buf in engine.rec.items()}

@@ -121,14 +121,15 @@ def check_trainer(cfg: dict, cuda: bool) -> None:
     from ..config import TarpoConfig
     from ..models.loading import resolve_backend
     from .presets import variable_of
-    from ..engine.rollout import engine_for_backend
+    from ..engine.engine_choice import engine_for
     # TRL's batch checks see the whole step's completions, as they will across NUM_PROCESSES processes
     batch = cfg["trainer"]["per_device_train_batch_size"] * cfg["num_processes"]
     with tempfile.TemporaryDirectory() as scratch:  # nothing may appear in the run folder yet
         try:
             TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch,
                            "per_device_train_batch_size": batch}, report_to="none")
-            engine_for_backend(cfg["trainer"].get("rollout_engine", "auto"), resolve_backend(cfg["backend"]), "ENGINE")
+            engine_for(cfg["trainer"].get("rollout_engine", "auto"), cuda, "ENGINE")
+            resolve_backend(cfg["backend"])
         except ValueError as exc:
             raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
                                     lambda m: f"{variable_of(m[1]) or 'TarpoConfig.' + m[1]}=", str(exc))) from None
@@ -143,7 +144,7 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
     ``cfg["memory_plan"]`` and the trainer's batch fields; the run folder keeps its BATCH name."""
     from . import memory_plan as mp
     from ..models.loading import resolve_backend
-    from ..engine.rollout import engine_for_backend
+    from ..engine.engine_choice import engine_for
 
     t, per_process, requested = cfg["trainer"], cfg["trainer"]["per_device_train_batch_size"], cfg["micro_batch"]
     config = mp.model_config(cfg["model"], cfg["preset"])
@@ -156,7 +157,7 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
         rule = ROUTINGS[t["routing"]]
         full_mix = rule.gaussian or (rule.gate and t.get("hrpo_mixture") == "full")
         run = mp.Run(rows=per_process, prompt=t["max_prompt_length"], completion=t["max_completion_length"],
-                     engine=engine_for_backend(t.get("rollout_engine", "auto"), backend, "ENGINE", cuda=True),
+                     engine=engine_for(t.get("rollout_engine", "auto"), True, "ENGINE"),  # the GPU's engine
                      backend=backend,
                      soft_top_k=t["soft_top_k"], full_mix=full_mix, gate=rule.gate,
                      optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),

@@ -66,7 +66,7 @@ class Run:
     rows: int                  # completions decoded at once by one process (BATCH / NUM_PROCESSES)
     prompt: int                # max_prompt_length
     completion: int            # max_completion_length
-    engine: str = "compiled"   # rollout engine: compiled (StaticCache, kept on the model) or eager
+    engine: str = "compiled"   # rollout engine: compiled (a static cache of the bucketed length) or eager
     backend: str = "hf"        # hf or unsloth (offloads its gradient checkpoints to CPU memory)
     soft_top_k: int = 30
     full_mix: bool = False     # soft steps record a d-wide fp32 mixture (HRPO "full", Soft Tokens)

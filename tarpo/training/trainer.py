@@ -49,7 +49,7 @@ from ..engine.backbone import Backbone, unwrap
 from ..engine.engine_choice import RunEngine, decoder_layers
 from ..engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
 from ..engine.precision import mixed_precision
-from ..engine.rollout import Rollout, RolloutSpec, decodes_on_its_own_path, hybrid_generate
+from ..engine.rollout import Rollout, RolloutSpec, hybrid_generate
 from ..engine.router import Router
 from ..engine.tagging import token_piece_fn
 from ..files import write_json_atomic
@@ -203,7 +203,7 @@ class TarpoTrainer(GRPOTrainer):
         # a row draws the same on any number of processes, with either engine, after a resume.
         rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
         backbone, started = make_backbone(model), time.perf_counter()
-        spec = replace(spec, engine=self.engine.next(device.type == "cuda", decodes_on_its_own_path(backbone)))
+        spec = replace(spec, engine=self.engine.next(device.type == "cuda"))
         with checkpointing_paused(model), mixed_precision(backbone):
             rollout = hybrid_generate(backbone, self.router, prompt_ids, prompt_mask, spec, self.piece,
                                       self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,

@@ -1,0 +1,206 @@
+"""The Qwen2 / Llama decoder as a function of the model's own tensors, for the compiled engine
+(docs/rollout-engines.md, "One engine for every backend").
+
+The compiled engine needs a decoder it can trace into one graph with a static KV cache. The model's own
+module forwards are not that decoder on every backend: Unsloth replaces the Qwen2 and Llama class forwards
+process-wide with its own (no static cache, host syncs, Triton kernels). So the engine reads the tensors
+the modules hold, once per rollout (:func:`decoder_weights`: base weights and biases, the LoRA A and B
+matrices and scaling of each active adapter, the norms, the rotary frequencies), and runs the same
+arithmetic as transformers' modules in the same order (:func:`forward`): RMSNorm in fp32, q/k/v (with
+Qwen2's biases), rotary embedding, attention, o, SwiGLU MLP, each projection ``W x + b + s B (A x)`` as
+PEFT computes it. Whichever backend loaded the model, and whichever forwards it replaced, the step reads
+the same numbers; under the rollout's autocast every matmul runs in the weights' 16-bit dtype, as in the
+eager engine.
+
+The cache is one key and one value tensor per layer, ``[B, H_kv, L, D]``, written at cache slots given as
+a tensor (the step's slot is loop state, so one graph serves every step and prompt length). A single
+query position attends with its group's query heads laid along the query axis (the grouped K/V read in
+place, :func:`tarpo.engine.grouped_attention.grouped_decode_attention`'s layout).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .backbone import unwrap
+
+
+class Projection(NamedTuple):
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    lora: tuple  # ((A, B, B's bias or None, scaling), ...) of the active adapters
+
+
+class Layer(NamedTuple):
+    input_norm: torch.Tensor
+    q: Projection
+    k: Projection
+    v: Projection
+    o: Projection
+    post_norm: torch.Tensor
+    gate: Projection
+    up: Projection
+    down: Projection
+
+
+class DecoderWeights(NamedTuple):
+    layers: tuple
+    norm: torch.Tensor
+    inv_freq: torch.Tensor   # [D / 2] fp32 rotary inverse frequencies (the model's rope type, llama3 included)
+    rope_scale: float        # transformers' attention_scaling of the rope type (1.0 for default and llama3)
+    eps: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+def _projection(module) -> Projection:
+    """A linear layer, or a PEFT LoRA layer around one (its active, unmerged adapters)."""
+    base = getattr(module, "base_layer", None)
+    if base is None:
+        return Projection(module.weight, module.bias, ())
+    if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
+        return Projection(base.weight, base.bias, ())
+    lora = []
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if name in getattr(module, "lora_variant", {}):
+            raise ValueError(f"the compiled engine computes plain LoRA; adapter {name!r} is a variant (DoRA, ...): "
+                             "use ENGINE=eager")
+        dropout = module.lora_dropout[name]
+        if not isinstance(dropout, torch.nn.Identity) and dropout.p > 0:
+            raise ValueError("the compiled engine applies no LoRA dropout: set LORA_DROPOUT=0 or use ENGINE=eager")
+        lora.append((module.lora_A[name].weight, module.lora_B[name].weight, module.lora_B[name].bias,
+                     float(module.scaling[name])))
+    return Projection(base.weight, base.bias, tuple(lora))
+
+
+def rotary_frequencies(config, device) -> tuple[torch.Tensor, float]:
+    """The inverse frequencies and scaling of the config's rope type, from transformers' own functions."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv_freq.to(device), 1.0
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, device)
+    return inv_freq, float(scale)
+
+
+def decoder_weights(model) -> DecoderWeights:
+    """The tensors of a Qwen2 or Llama causal LM (PEFT-wrapped or not, loaded by any backend)."""
+    base = unwrap(model)
+    config, decoder = base.config, base.get_decoder()
+    if getattr(config, "model_type", None) not in ("qwen2", "llama"):
+        raise ValueError(f"the compiled engine decodes Qwen2 and Llama models, not {config.model_type!r}")
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        raise ValueError("the compiled engine has no sliding-window attention: use ENGINE=eager")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"the compiled engine's MLP is SwiGLU; hidden_act={config.hidden_act!r}")
+    layers = tuple(Layer(layer.input_layernorm.weight, _projection(layer.self_attn.q_proj),
+                         _projection(layer.self_attn.k_proj), _projection(layer.self_attn.v_proj),
+                         _projection(layer.self_attn.o_proj), layer.post_attention_layernorm.weight,
+                         _projection(layer.mlp.gate_proj), _projection(layer.mlp.up_proj),
+                         _projection(layer.mlp.down_proj)) for layer in decoder.layers)
+    inv_freq, scale = rotary_frequencies(config, decoder.norm.weight.device)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return DecoderWeights(layers, decoder.norm.weight, inv_freq, scale, float(config.rms_norm_eps), heads, kv_heads,
+                          head_dim)
+
+
+def new_cache(w: DecoderWeights, batch: int, length: int, dtype, device) -> tuple:
+    """Keys and values of every layer, ``[B, H_kv, L, D]`` each, zero."""
+    shape = (batch, w.kv_heads, length, w.head_dim)
+    return tuple((torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                 for _ in w.layers)
+
+
+def _rms_norm(x, weight, eps):
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _linear(x, p: Projection):
+    out = F.linear(x, p.weight, p.bias)
+    dtype = out.dtype
+    for a, b, b_bias, scaling in p.lora:
+        out = out + F.linear(F.linear(x.to(a.dtype), a), b, b_bias) * scaling
+    return out.to(dtype)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _cos_sin(w: DecoderWeights, positions, dtype):
+    """cos and sin [B, q, D] at ``positions`` [B, q], as transformers' rotary embedding computes them."""
+    with torch.autocast(positions.device.type, enabled=False):
+        freqs = (w.inv_freq[None, :, None].float().expand(positions.shape[0], -1, 1)
+                 @ positions[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos() * w.rope_scale, emb.sin() * w.rope_scale
+    return cos.to(dtype), sin.to(dtype)
+
+
+def _attend(q, keys, values, mask, kv_heads):
+    """SDPA of q [B, H, q, D] over the cache [B, H_kv, L, D]; ``mask`` [B, 1, q, L] bool (True: attend)."""
+    B, H, n, D = q.shape
+    if n == 1 and kv_heads != H:  # one position: the group's query heads along the query axis, K/V read in place
+        out = F.scaled_dot_product_attention(q.reshape(B, kv_heads, H // kv_heads, D), keys, values, attn_mask=mask)
+        return out.reshape(B, H, 1, D)
+    groups = H // kv_heads
+    if groups > 1:
+        keys = keys[:, :, None].expand(B, kv_heads, groups, *keys.shape[2:]).reshape(B, H, *keys.shape[2:])
+        values = values[:, :, None].expand(B, kv_heads, groups, *values.shape[2:]).reshape(B, H, *values.shape[2:])
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+
+def forward(w: DecoderWeights, inputs_embeds, positions, cache, slots, mask, length=None):
+    """Normed final hidden states [B, q, d] of ``inputs_embeds`` [B, q, d] at rotary ``positions`` [B, q]; the
+    keys and values of the q positions are written into ``cache`` at ``slots`` [q] (long), and every position
+    attends to cache slots ``< length`` (default: all) where ``mask`` [B, 1, q, length] is True."""
+    x, (B, n, _) = inputs_embeds, inputs_embeds.shape
+    cos, sin = _cos_sin(w, positions, x.dtype)
+    cos, sin = cos[:, None], sin[:, None]
+    for layer, (keys, values) in zip(w.layers, cache):
+        residual = x
+        h = _rms_norm(x, layer.input_norm, w.eps)
+        q = _linear(h, layer.q).view(B, n, -1, w.head_dim).transpose(1, 2)
+        k = _linear(h, layer.k).view(B, n, -1, w.head_dim).transpose(1, 2)
+        v = _linear(h, layer.v).view(B, n, -1, w.head_dim).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        keys.index_copy_(2, slots, k.to(keys.dtype))
+        values.index_copy_(2, slots, v.to(values.dtype))
+        seen = slice(None) if length is None else slice(0, length)
+        out = _attend(q, keys[:, :, seen], values[:, :, seen], mask, w.kv_heads)
+        x = residual + _linear(out.transpose(1, 2).reshape(B, n, -1), layer.o)
+        residual = x
+        h = _rms_norm(x, layer.post_norm, w.eps)
+        x = residual + _linear(F.silu(_linear(h, layer.gate)) * _linear(h, layer.up), layer.down)
+    return _rms_norm(x, w.norm, w.eps)
+
+
+def prefill_mask(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1, P, P] bool: causal and the prompt's padding (a fully padded query row attends to itself, so that
+    its softmax is defined; its output is never read)."""
+    P = prompt_mask.shape[1]
+    causal = torch.ones(P, P, dtype=torch.bool, device=prompt_mask.device).tril()
+    mask = causal[None] & prompt_mask.bool()[:, None, :]
+    return (mask | torch.eye(P, dtype=torch.bool, device=prompt_mask.device)[None])[:, None]
+
+
+def decode_mask(cache_mask: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """[B, 1, 1, L] bool for the position at cache ``slot`` (0-d long): the slots written so far that are
+    not padding (``cache_mask`` [B, L]: the prompt's mask, then ones)."""
+    written = torch.arange(cache_mask.shape[1], device=cache_mask.device) <= slot
+    return (cache_mask.bool() & written)[:, None, None, :]

@@ -1,0 +1,69 @@
+"""The compiled engine's decoder (tarpo.engine.functional_decoder) against transformers' forward of the same
+model: prefill of a left-padded batch, then one position at a time through the static cache, fp32."""
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from tarpo.engine import functional_decoder as fd
+from tarpo.engine.backbone import positions_from_mask
+from tarpo.tiny import tiny_causal_lm
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+ALL_LINEAR = ATTENTION + ["gate_proj", "up_proj", "down_proj"]
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+
+
+def model_of(tokenizer, case):
+    arch, tied, targets = case
+    model = tiny_causal_lm(tokenizer, arch, seed=3, tie_word_embeddings=tied)
+    if arch == "llama":  # Llama-3.1's rope scaling (a short original length, so that it matters at these positions)
+        model.config.rope_parameters = dict(LLAMA3)
+        model = type(model)(model.config).eval()
+    torch.manual_seed(4)
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)).eval()
+
+
+CASES = [("qwen2", True, ATTENTION), ("qwen2", False, ALL_LINEAR), ("llama", False, ATTENTION),
+         ("llama", False, ALL_LINEAR)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=["qwen2-tied-qkvo", "qwen2-untied-all", "llama3-qkvo", "llama3-all"])
+def test_prefill_and_cached_steps_equal_transformers_forward(tokenizer, case):
+    model = model_of(tokenizer, case)
+    base = model.get_base_model()
+    if case[0] == "llama":
+        assert base.model.rotary_emb.rope_type == "llama3"
+    B, P, T = 3, 9, 6
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, len(tokenizer), (B, P + T), generator=g)
+    mask = torch.ones(B, P + T, dtype=torch.long)
+    mask[1, :4] = 0  # left padding
+    mask[2, :7] = 0
+    E = base.get_input_embeddings().weight
+    pos = positions_from_mask(mask)
+    with torch.no_grad():
+        ref = base.model(inputs_embeds=E[ids], attention_mask=mask, position_ids=pos).last_hidden_state
+        w = fd.decoder_weights(model)
+        L = P + T + 3  # a cache longer than what is written
+        cache = fd.new_cache(w, B, L, E.dtype, "cpu")
+        got = [fd.forward(w, E[ids[:, :P]], pos[:, :P], cache, torch.arange(P), fd.prefill_mask(mask[:, :P]), P)]
+        cache_mask = torch.cat([mask[:, :P], torch.ones(B, L - P, dtype=torch.long)], dim=1)
+        for t in range(T):
+            slot = torch.tensor(P + t)
+            got.append(fd.forward(w, E[ids[:, P + t:P + t + 1]], pos[:, P + t:P + t + 1], cache, slot.view(1),
+                                  fd.decode_mask(cache_mask, slot)))
+    got = torch.cat(got, dim=1)
+    real = mask.bool()
+    torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
+    head = base.get_output_embeddings()
+    torch.testing.assert_close(head(got[real]), head(ref[real]), atol=1e-5, rtol=0)
+    assert w.layers[0].q.lora and (w.layers[0].gate.lora != ()) == (case[2] == ALL_LINEAR)
+
+
+def test_refused_what_it_does_not_compute(tokenizer):
+    model = get_peft_model(tiny_causal_lm(tokenizer, "qwen2"), LoraConfig(r=4, target_modules=ATTENTION,
+                                                                         lora_dropout=0.1))
+    with pytest.raises(ValueError, match="LORA_DROPOUT=0"):
+        fd.decoder_weights(model)
