@@ -27,12 +27,12 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "unsloth"))
 
 
 def run(tmp_path, *args, unsloth=False):
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TARPO_COMPILE_BACKEND="aot_eager")  # tests/conftest.py says why
     if unsloth:
         env.update(UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_cache"),
                    PYTHONPATH=os.pathsep.join([SITE, HERE]))
     res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), "--steps", "24", "--completion",
-                          "32", *args], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+                          "32", "--keyed", *args], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-5000:]
 
 
@@ -52,6 +52,16 @@ def test_unsloth_decode_and_training_forward_equal_transformers(tmp_path):
     assert got["free_running_token_agreement"] == 1.0                          # same draws, step for step
     assert got["loss_rel_diff"] < 1e-5 and got["grads_rel_err"] < 1e-4        # LoRA gradients through it
     assert not os.path.exists(os.path.join(HERE, "unsloth_compiled_cache"))
+    # The compiled engine over a model Unsloth loaded (tarpo.engine.functional_decoder) draws what Unsloth's own
+    # decode draws, and what transformers draws (eager and compiled), for the same keyed noise.
+    for routing in ("learned", "hrpo"):
+        base = cand["keyed"][routing, "eager"]  # Unsloth's decode path
+        assert base["is_soft"].any() and (base["completion_mask"] & ~base["is_soft"]).any()
+        for other in (cand["keyed"][routing, "compiled"], ref["keyed"][routing, "eager"], ref["keyed"][routing, "compiled"]):
+            for name in ("token_ids", "completion_mask", "is_soft", "decided"):
+                assert torch.equal(other[name], base[name]), (routing, name)
+            for name in ("logp", "p_soft", "entropy"):
+                torch.testing.assert_close(other[name], base[name], atol=1e-5, rtol=0, msg=f"{routing} {name}")
 
 
 def test_unsloth_grouped_decode_attention_equals_its_own_and_copies_no_kv_per_head(tmp_path):

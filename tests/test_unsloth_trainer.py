@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "workers", "trainer_worker.py")
 COMPARED = ["qwen2-tarpo", "qwen2-hrpo", "llama-tarpo", "llama-hrpo"]  # fp32: the backends step by step
 FUSED = "llama-tarpo-bf16"  # bf16 weights, all linear layers: Unsloth's fused LoRA functions
+GPU_CHOICE = "qwen2-tarpo-gpu-choice"  # ENGINE=auto choosing as on a GPU (Unsloth only)
 
 pytestmark = [needs("gsm8k"), pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "unsloth")),
                                                  reason=f"Unsloth for CPU tests is not installed in {SITE}")]
@@ -55,14 +56,15 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("unsloth_trainer")
     for arch, config in (("qwen2", TINY), ("llama", TINY_LLAMA)):
         random_model_dir(str(root / "models" / arch), config, torch.float32, arch=arch)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(HERE, "workers"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(HERE, "workers"),
+               TARPO_COMPILE_BACKEND="aot_eager")  # the compiled case traces the step as tests/conftest.py does
     common = ["--model-root", str(root / "models"), "--data", os.path.join(DATA, "gsm8k")]
     un, hf = str(root / "unsloth.pt"), str(root / "hf.pt")
     for cmd, extra in (
             (["--backend", "unsloth", "--unsloth-on-cpu", "--out", un],
              dict(UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_LOCATION=str(root / "unsloth_cache"),
                   PYTHONPATH=os.pathsep.join([SITE, os.path.join(HERE, "workers")]))),
-            (["--backend", "hf", "--out", hf, "--init-from", un], {})):
+            (["--backend", "hf", "--out", hf, "--init-from", un, "--cases", *COMPARED, FUSED], {})):
         res = subprocess.run([sys.executable, WORKER, *common, *cmd], capture_output=True, text=True, timeout=900,
                              env={**env, **extra}, cwd=str(root))
         assert res.returncode == 0, res.stderr[-6000:]
@@ -96,16 +98,26 @@ def test_a_resumed_run_continues_exactly_and_nothing_grows(runs, case, backend):
     rollouts left every module's checkpointing as the trainer set it up."""
     from growth import differences
 
-    r = runs[0 if backend == "unsloth" else 1]
-    if case not in r:
-        pytest.skip(f"{case} runs on Unsloth only")
-    a, b = r[case]["A"], r[case]["B"]
+    a, b = runs[0 if backend == "unsloth" else 1][case]["A"], runs[0 if backend == "unsloth" else 1][case]["B"]
     assert sorted(b["grads"]) == [3] and a["loss"][3] == b["loss"][3]
     for part in ("grads", "params"):
         assert all(np.array_equal(a[part][3][n], b[part][3][n]) for n in a[part][3]), part
     taken = a["growth"]
     assert differences(taken[2], taken[6]) == {}
     assert taken[2]["checkpointing"] == taken[0]["checkpointing"]
+
+
+def test_on_a_gpu_auto_rolls_unsloth_models_out_on_the_compiled_engine(runs):
+    """``ENGINE=auto`` choosing as on a GPU, on the Unsloth backend: every rollout runs on the compiled engine
+    (over the model's own tensors), and the run trains what the eager engine's run (Unsloth's decode) trains:
+    the same loss at step 1 within 1e-5 (the same rollout, keyed noise), and at every later step."""
+    un = runs[0]
+    compiled, eager = un[GPU_CHOICE]["A"], un["qwen2-tarpo"]["A"]
+    assert compiled["engines"] == ["compiled"] * 6 and set(eager["engines"]) == {"eager"}
+    assert np.array_equal(compiled["initial"]["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"],
+                          eager["initial"]["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"])
+    assert abs(compiled["loss"][1] - eager["loss"][1]) <= 1e-5
+    assert all(abs(compiled["loss"][s] - eager["loss"][s]) <= 1e-4 for s in range(2, 7)), (compiled["loss"], eager["loss"])
 
 
 def test_unsloths_fused_lora_functions_train_under_the_trainer(runs):

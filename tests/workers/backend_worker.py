@@ -15,6 +15,8 @@ The file (``torch.save``) holds:
 - ``hidden``, ``logits``: normed final hidden states and logits at the real positions of a
   fixed left-padded batch (fp32 copies);
 - ``rollout``: a seeded hybrid rollout of that batch (learned routing, the adapter's router);
+- ``keyed`` (with ``--keyed``): rollouts of that batch with keyed noise, learned and HRPO routing, on the eager and the
+  compiled engine (:func:`keyed_rollouts`);
 - ``scores``: with ``--score FILE``, this backend's teacher-forced ``logp`` and ``p_soft`` of
   the rollout in FILE;
 - ``loss``, ``grads``: the TARPO loss of a synthetic recorded batch and the gradients of every
@@ -89,6 +91,23 @@ def rollout(backbone, router, tok, ids, mask, steps):
     return {k: v.cpu() for k, v in vars(r).items()}
 
 
+def keyed_rollouts(backbone, router, tok, ids, mask, steps, hidden_size, device):
+    """Rollouts of the fixed batch with keyed noise (seed 3) on both engines, learned and HRPO routing:
+    ``{(routing, engine): record}``; any backend, so each can be compared with the others."""
+    from tarpo.engine.latent import HrpoGate
+    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+    from tarpo.engine.tagging import token_piece_fn
+    out = {}
+    for routing in ("learned", "hrpo"):
+        gate = HrpoGate(hidden_size, seed=0).to(device) if routing == "hrpo" else None
+        for engine in ("eager", "compiled"):
+            spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing=routing, engine=engine)
+            r = hybrid_generate(backbone, router, ids, mask, spec, token_piece_fn(tok), [tok.eos_token_id],
+                                tok.pad_token_id, latent=gate, noise_seed=3)
+            out[routing, engine] = {k: v.cpu() for k, v in vars(r).items()}
+    return out
+
+
 def teacher_forced(backbone, router, record, device):
     from tarpo.engine.rollout import Rollout
     from tarpo.training.scoring import score_rollout
@@ -157,6 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--score", help="a file this script wrote for the other backend: score its rollout")
     ap.add_argument("--steps", type=int, default=64, help="rollout steps")
+    ap.add_argument("--keyed", action="store_true", help="also the keyed-noise rollouts of both engines (keyed_rollouts)")
     ap.add_argument("--completion", type=int, default=256, help="completion length of the scored synthetic batch")
     ap.add_argument("--unsloth-on-cpu", action="store_true",
                     help="Unsloth's Python code on the CPU, its Triton kernels stood in for (tests/workers/unsloth_cpu.py); "
@@ -182,6 +202,8 @@ def main(argv=None) -> int:
     out = {"backend": args.backend, "backbone": type(backbone).__name__}
     out["hidden"], out["logits"] = hidden_and_logits(backbone, ids, mask)
     out["rollout"] = rollout(backbone, router, tok, ids, mask, args.steps)
+    if args.keyed:
+        out["keyed"] = keyed_rollouts(backbone, router, tok, ids, mask, args.steps, model.config.hidden_size, device)
     if args.score:
         out["scores"] = teacher_forced(backbone, router, torch.load(args.score)["rollout"], device)
     out["loss"], out["grads"] = loss_and_grads(model, backbone, router, device, args.completion)

@@ -39,7 +39,10 @@ from checkout import use_checkout_patches  # noqa: E402
 # (Llama: Unsloth fuses q/k/v only without q/k/v biases, so never for Qwen2).
 CASES = {"qwen2-tarpo": ("qwen2", "tarpo", {}), "qwen2-hrpo": ("qwen2", "hrpo", {}),
          "llama-tarpo": ("llama", "tarpo", {}), "llama-hrpo": ("llama", "hrpo", {}),
-         "llama-tarpo-bf16": ("llama", "tarpo", {"BF16": "1", "LORA_TARGETS": "all-linear"})}
+         "llama-tarpo-bf16": ("llama", "tarpo", {"BF16": "1", "LORA_TARGETS": "all-linear"}),
+         # ENGINE=auto as on a GPU (the engine choice told CUDA is there): the compiled engine, no resume
+         "qwen2-tarpo-gpu-choice": ("qwen2", "tarpo", {})}
+GPU_CHOICE = {"qwen2-tarpo-gpu-choice"}
 STEPS, RESUME_AT, STOP_AT = 6, 2, 3
 
 
@@ -112,7 +115,11 @@ def spread_reward(prompts, completions, **kwargs):
     return [float(sum(map(ord, t)) % 7) for t in texts]
 
 
-def run(env: dict, recorder: Recorder, init: dict | None) -> dict:
+def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = False) -> dict:
+    """The launcher's run; with ``gpu_choice``, ``ENGINE=auto`` chooses as on a GPU. Records which engine
+    each rollout ran on."""
+    import tarpo.engine.rollout as rollout
+    from tarpo.engine.engine_choice import RunEngine
     from tarpo.runs import launch
     from tarpo.tasks import graders
     from tarpo.training.trainer import TarpoTrainer
@@ -120,18 +127,25 @@ def run(env: dict, recorder: Recorder, init: dict | None) -> dict:
     initial: dict = {}
     original = instrument(recorder, init, initial)
     graders.reward_function = lambda task: spread_reward
+    engines, compiled, eager, choose = [], rollout.compiled_generate, rollout._decode, RunEngine.next
+    rollout.compiled_generate = lambda *a, **k: engines.append("compiled") or compiled(*a, **k)
+    rollout._decode = lambda *a, **k: engines.append("eager") or eager(*a, **k)
+    if gpu_choice:
+        RunEngine.next = lambda self, cuda: choose(self, True)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         status = launch.main(["gsm8k"])
     finally:
         TarpoTrainer.__init__ = original
+        rollout.compiled_generate, rollout._decode, RunEngine.next = compiled, eager, choose
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     assert status == 0, f"the launcher exited with {status}"
     metrics = [__import__("json").loads(line) for line in open(os.path.join(env["OUT_DIR"], env["RUN_NAME"],
                                                                              "metrics.jsonl"))]
     return {"initial": initial, "grads": recorder.grads, "params": recorder.params, "growth": recorder.probe.taken,
+            "engines": engines,
             "loss": {m["step"]: m["loss"] for m in metrics if "loss" in m},
             "logp_drift": {m["step"]: m["logp_drift"] for m in metrics if "logp_drift" in m}}
 
@@ -162,13 +176,15 @@ def main(argv=None) -> int:
         model = os.path.join(args.model_root, arch)
         init = None if reference is None or key not in reference else reference[key]["A"]["initial"]
         env = {**launcher_env(model, args.data, os.path.join(root, "a"), algo, args.backend), **extra}
-        a = run(env, Recorder(), init)
-        os.makedirs(os.path.join(root, "b"))
-        shutil.copytree(os.path.join(root, "a", f"checkpoint-{RESUME_AT}"), os.path.join(root, "b", f"checkpoint-{RESUME_AT}"))
-        b = run({**env, "RUN_NAME": "b"}, Recorder(STOP_AT), None)
-        out[key] = {"A": a, "B": b, "fused": dict(unsloth_cpu.FUSED_CALLS) if args.unsloth_on_cpu else None}
         if args.unsloth_on_cpu:
             unsloth_cpu.FUSED_CALLS.update(dict.fromkeys(unsloth_cpu.FUSED, 0))
+        out[key] = {"A": run(env, Recorder(), init, gpu_choice=key in GPU_CHOICE)}
+        if key not in GPU_CHOICE:  # run B: resumed from run A's checkpoint-2
+            os.makedirs(os.path.join(root, "b"))
+            shutil.copytree(os.path.join(root, "a", f"checkpoint-{RESUME_AT}"),
+                            os.path.join(root, "b", f"checkpoint-{RESUME_AT}"))
+            out[key]["B"] = run({**env, "RUN_NAME": "b"}, Recorder(STOP_AT), None)
+        out[key]["fused"] = dict(unsloth_cpu.FUSED_CALLS) if args.unsloth_on_cpu else None
     tmp = args.out + ".tmp"
     torch.save(out, tmp)
     os.replace(tmp, args.out)
