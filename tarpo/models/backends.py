@@ -123,7 +123,9 @@ class HookedBackbone(Backbone):
 
 
 class UnslothBackbone(Backbone):
-    """Drives Unsloth's fast decode path (``tarpo.patches`` applied to the model).
+    """Drives Unsloth's fast decode path (``tarpo.patches`` applied to the model): the eager engine's
+    decode on the Unsloth backend (the compiled engine reads the model's tensors instead,
+    :mod:`tarpo.engine.functional_decoder`).
 
     The prompt is prefilled through the decoder (``last_hidden_state`` is post-norm), each
     decode step through the patched ``*ForCausalLM.forward``, which takes Unsloth's
