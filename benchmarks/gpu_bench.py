@@ -181,8 +181,8 @@ def bench_train_step(path, backend, device, args, config):
     return {"step_s": t, "peak_bytes": peak, "first_loss": losses[0]}
 
 
-BENCHES = ("rollout-hf", "rollout-compiled", "reference", "train-hf", "rollout-unsloth", "train-unsloth",
-           "bandwidth")  # hf first:
+BENCHES = ("rollout-hf", "rollout-compiled", "reference", "train-hf", "rollout-unsloth", "rollout-compiled-unsloth",
+           "train-unsloth", "bandwidth")  # hf first:
 # importing unsloth changes transformers process-wide, so in one process the hf path must run before it.
 
 
@@ -221,7 +221,7 @@ def run_one(name: str, args, path: str | None = None) -> dict:
         else:
             res.update(bench_rollout(path, backend, device, args, config, ours=name != "reference",
                                      reference=name == "reference",
-                                     engine="compiled" if name == "rollout-compiled" else "eager"))
+                                     engine="compiled" if "compiled" in name else "eager"))
     return res
 
 
@@ -274,12 +274,12 @@ def render(results: dict) -> str:
         lines += [f"Benchmarks: random-init {'tiny' if sz['tiny'] else shape} configuration, "
                   f"{'float32' if bench['device'] == 'cpu' else 'bf16'}.", ""]
     pad = next((f", left-padded prompts of {r['prompt_lengths'][0]}..{r['prompt_lengths'][1]} tokens"
-                for r in (steps.get(n) for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth"))
+                for r in (steps.get(n) for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth", "rollout-compiled-unsloth"))
                 if isinstance(r, dict) and "prompt_lengths" in r), "")
     lines += [f"## Rollout (batch {sz['batch']}, {sz['new_tokens']} new tokens{pad}, learned routing b0 = [2.2, 0])"
               if sz else "## Rollout", "",
               "| path | tokens/s | step ms | step / floor | soft ratio | compile s |", "|---|---|---|---|---|---|"]
-    for name in ("rollout-hf", "rollout-compiled", "rollout-unsloth"):
+    for name in ("rollout-hf", "rollout-compiled", "rollout-unsloth", "rollout-compiled-unsloth"):
         r = steps.get(name)
         if cell(name):
             lines.append(f"| {name} | {cell(name)} | | | | |")
@@ -292,7 +292,7 @@ def render(results: dict) -> str:
     ref_cell = cell("reference") or f"{ref['reference_tokens_per_s']:.0f}"
     lines.append(f"| reference-style loop | {ref_cell} | | | | |")
     if bw and not cell("bandwidth"):
-        weights = next((steps[n]["weight_bytes"] for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth")
+        weights = next((steps[n]["weight_bytes"] for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth", "rollout-compiled-unsloth")
                         if not cell(n) and _same_machine(steps[n], bw)), None)
         lines += ["", f"Copy bandwidth {bw['bandwidth'] / 1e9:.0f} GB/s" + (
             f"; {weights / 2**30:.2f} GiB of weights, so a decode step's weight-bandwidth floor is "

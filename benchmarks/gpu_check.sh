@@ -6,7 +6,7 @@
 #                 $SITE; import check (versions, GPU name, `import unsloth`, tarpo.patches' checks)
 #     tests       test-patches test-hooks test-gpu: tests/test_{patches,hooks,gpu}.py, each in its own
 #                 process (importing unsloth changes transformers process-wide)
-#     rollout-hf rollout-compiled reference train-hf rollout-unsloth train-unsloth bandwidth
+#     rollout-hf rollout-compiled reference train-hf rollout-unsloth rollout-compiled-unsloth train-unsloth bandwidth
 #                 one benchmark of benchmarks/gpu_bench.py each, in its own process
 #     report      re-render REPORT from RESULTS only (every other step re-renders it too)
 # Every step first installs into $SITE when that is missing or stale (a fresh machine, a changed kit
@@ -194,7 +194,7 @@ step() {
       run "$LOGS/$f.log" bash -c 'cd tests && exec "$0" -m pytest -q -p no:cacheprovider --rootdir=.. \
         -c ../pytest.ini -rs "$1"' "$PY" "$f"
       record "$f" "$LOGS/$f.log";;
-    rollout-hf|rollout-compiled|reference|train-hf|rollout-unsloth|train-unsloth|bandwidth)
+    rollout-hf|rollout-compiled|reference|train-hf|rollout-unsloth|rollout-compiled-unsloth|train-unsloth|bandwidth)
       install_site; need_cuda
       rm -f "$LOGS/$1.json"
       run "$LOGS/$1.log" "$PY" benchmarks/gpu_bench.py --only "$1" --json "$LOGS/$1.json" --shape "${SHAPE:-1.5b}" $TINY
@@ -209,7 +209,7 @@ step() {
   esac
 }
 
-[ $# -gt 0 ] || set -- install tests rollout-hf rollout-compiled reference train-hf rollout-unsloth train-unsloth bandwidth
+[ $# -gt 0 ] || set -- install tests rollout-hf rollout-compiled reference train-hf rollout-unsloth rollout-compiled-unsloth train-unsloth bandwidth
 for s in "$@"; do step "$s"; done
 echo "gpu_check: report $REPORT, results $RESULTS${FAILED[*]:+; failed: ${FAILED[*]}}"
 [ ${#FAILED[@]} -eq 0 ]

@@ -4,7 +4,7 @@ A random-init model of the Qwen2.5-1.5B configuration in bf16 with a saved LoRA 
 router; each backend runs in a process of its own (``tests/workers/backend_worker.py``: importing
 Unsloth rebinds transformers' Qwen2/Llama forwards process-wide, so a reference loaded beside
 it would run Unsloth's code), and this process, which never imports Unsloth, compares what
-they wrote. Skipped without CUDA or without the ``gpu`` extra; run by benchmarks/gpu_check.sh.
+they wrote. Skipped without CUDA or without Unsloth (scripts/install_gpu.sh); run by benchmarks/gpu_check.sh.
 """
 
 import importlib.util
