@@ -2,7 +2,7 @@
 
 Two backends (``BACKEND`` / ``backend=``): ``hf``, transformers + PEFT, runs anywhere (CPU
 included); ``unsloth``, Unsloth's ``FastLanguageModel`` with ``tarpo.patches`` applied,
-needs CUDA and the ``gpu`` extra. ``auto`` picks Unsloth when both are present.
+needs CUDA and Unsloth (``scripts/install_gpu.sh``). ``auto`` picks Unsloth when both are present.
 """
 
 from __future__ import annotations
