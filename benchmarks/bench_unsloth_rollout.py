@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITE = os.path.join(ROOT, ".venv", "unsloth-cpu")
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 os.environ.update(UNSLOTH_ALLOW_CPU="1", HF_HUB_OFFLINE="1")
+os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", tempfile.mkdtemp(prefix="unsloth_cache."))  # not in the checkout
 sys.path[:0] = [SITE, os.path.join(ROOT, "tests", "workers"), os.path.join(ROOT, "tests"), ROOT]
 
 import torch  # noqa: E402
