@@ -13,8 +13,8 @@ The patch builds the decode with Unsloth's own factory,
 that runs Unsloth's during which the module's ``scaled_dot_product_attention`` is
 :func:`grouped_sdpa`: for one query position and fewer K/V heads it lays each group's query heads
 along the query axis, ``[B, H, 1, D] -> [B, H_kv, H / H_kv, D]``, and attends to the cache as it is
-(the mask ``[B, 1, 1, L]`` broadcasts), as :func:`tarpo.engine.grouped_attention.grouped_decode_attention`
-does for transformers; any other call goes to torch's function unchanged. :func:`check_target`
+(the mask ``[B, 1, 1, L]`` broadcasts): :func:`tarpo.engine.grouped_attention.grouped_query_sdpa`, which
+the transformers path and the compiled engine use too; any other call goes to torch's function unchanged. :func:`check_target`
 verifies, from the installed source, that the target still makes that call.
 """
 
@@ -27,6 +27,7 @@ import textwrap
 
 import torch
 
+from ..engine.grouped_attention import grouped_query_sdpa
 from .versions import EXPECTED_VERSIONS, PatchError
 
 TARGET = "LlamaAttention_fast_forward_inference"
@@ -37,17 +38,13 @@ def grouped_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     """``torch.nn.functional.scaled_dot_product_attention`` that reads grouped K/V heads in place
     for a single query position (``enable_gqa`` semantics: query head h reads K/V head
     ``h // (H / H_kv)``)."""
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    B, H, q_len, D = query.shape
-    kv_heads = key.shape[1]
-    if not enable_gqa or q_len != 1 or kv_heads == H or is_causal or dropout_p or kwargs:
-        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                    enable_gqa=enable_gqa, **kwargs)
+    if not enable_gqa or query.shape[2] != 1 or key.shape[1] == query.shape[1] or is_causal or dropout_p or kwargs:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=enable_gqa, **kwargs)
     if attn_mask is not None and attn_mask.dim() == 4 and attn_mask.shape[1] != 1:
         raise ValueError(f"grouped decode attention needs a mask shared by the heads, got {tuple(attn_mask.shape)}")
-    grouped = query.reshape(B, kv_heads, H // kv_heads, D)
-    out = sdpa(grouped, key, value, attn_mask=attn_mask, scale=scale)
-    return out.reshape(B, H, 1, D)
+    return grouped_query_sdpa(query, key, value, attn_mask, scale)
 
 
 @contextlib.contextmanager

@@ -61,7 +61,7 @@ PINNED = {
     "repetition_penalty": (1.0, "the token policy has no repetition penalty (tarpo.engine.sampling)"),
     "generation_kwargs": (None, "the hybrid decode loop takes no generate() arguments"),
     "cache_implementation": (None, "the rollout engines keep their own caches (eager: DynamicCache, compiled: "
-                                   "StaticCache; rollout_engine)"),
+                                   "a static cache of its own; rollout_engine)"),
     "chat_template_kwargs": (None, "prompts are encoded by tarpo.tasks.prompts with the tokenizer's chat template"),
     "pad_to_multiple_of": (None, "prompts and completions are not padded to a multiple"),
     "num_generations_eval": (None, "evaluation groups are num_generations completions, like training's"),

@@ -69,11 +69,8 @@ def pulled(requirements, no_deps=()) -> set[str]:
         seen.add(name)
         if name in {norm(n) for n in no_deps}:
             continue
-        deps = declared(req.name)
-        todo += [d for d in deps or [] if not (d.marker is not None and "extra" in str(d.marker))]
-        for extra in req.extras:
-            dist = distribution(req.name) if req.name != "tarpo" else None
-            todo += [Requirement(r.split(";")[0]) for r in (dist.requires if dist else []) if f'extra == "{extra}"' in r]
+        assert not req.extras, f"{req}: extras are not followed"  # none of the walked requirements names one
+        todo += declared(req.name) or []  # markers evaluated for the GPU machine, no extras
     return seen
 
 

@@ -141,16 +141,22 @@ def test_eager_rollout_matches_a_measured_peak(case):
 
 
 def test_the_compiled_engine_cache_is_the_planned_kv_cache():
-    """The StaticCache that tarpo.engine.static_decode allocates, after a prefill: B x bucketed length x layers x K, V."""
-    from transformers import StaticCache
+    """The cache that tarpo.engine.static_decode allocates (functional_decoder.new_cache), after a prefill:
+    B x bucketed length x layers x K, V."""
+    from tarpo.engine import functional_decoder as fd
+    from tarpo.engine.backbone import positions_from_mask
+    from tarpo.engine.static_decode import StaticDecoder
 
     model = tiny("llama", 64, 160, 3, 4, 2, 300).to(torch.bfloat16)
     run = mp.Run(rows=4, prompt=40, completion=50, engine="compiled")
     assert mp.cache_length(run) == 128  # 90 rounded up to the bucket of 64
-    cache = StaticCache(config=model.config, max_cache_len=mp.cache_length(run))
+    backbone, weights = Backbone(model), fd.decoder_weights(model)
+    cache = StaticDecoder(backbone, weights, 4, 50, mp.cache_length(run), 4, False, 0, "cpu").cache
+    mask = torch.ones(4, 40, dtype=torch.long)
     with torch.no_grad():
-        model.model(input_ids=torch.randint(3, 300, (4, 40)), past_key_values=cache, use_cache=True)
-    allocated = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+        fd.forward(weights, backbone.embed_weight[torch.randint(3, 300, (4, 40))], positions_from_mask(mask), cache,
+                   torch.arange(40), fd.prefill_mask(mask), 40)
+    allocated = sum(t.numel() * t.element_size() for kv in cache for t in kv)
     assert allocated == mp.rollout_bytes(mp.shapes_of(model.config, ATTENTION, 8), run)["kv_cache"]
 
 

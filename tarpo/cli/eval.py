@@ -84,8 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "hf", "unsloth"],
                    help="auto: Unsloth (tarpo.patches) on CUDA where it is installed (scripts/install_gpu.sh), else transformers")
     p.add_argument("--engine", default="auto", choices=["auto", "eager", "compiled"],
-                   help="rollout engine (tarpo.engine.rollout): auto = compiled on the transformers backend on CUDA, eager "
-                        "(Unsloth's decode path) on Unsloth and on the CPU; the engines draw different random streams")
+                   help="rollout engine (tarpo.engine.rollout): auto = compiled on CUDA (either backend), eager on the "
+                        "CPU; the engines draw different random streams")
     p.add_argument("--restart", action="store_true", help="delete old trajectories of these tasks and start over")
 
 

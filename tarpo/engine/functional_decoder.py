@@ -15,7 +15,7 @@ eager engine.
 The cache is one key and one value tensor per layer, ``[B, H_kv, L, D]``, written at cache slots given as
 a tensor (the step's slot is loop state, so one graph serves every step and prompt length). A single
 query position attends with its group's query heads laid along the query axis (the grouped K/V read in
-place, :func:`tarpo.engine.grouped_attention.grouped_decode_attention`'s layout).
+place, :func:`tarpo.engine.grouped_attention.grouped_query_sdpa`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .backbone import unwrap
+from .grouped_attention import grouped_query_sdpa
 
 
 class Projection(NamedTuple):
@@ -152,17 +153,14 @@ def _cos_sin(w: DecoderWeights, positions, dtype):
     return cos.to(dtype), sin.to(dtype)
 
 
-def _attend(q, keys, values, mask, kv_heads):
+def _attend(q, keys, values, mask):
     """SDPA of q [B, H, q, D] over the cache [B, H_kv, L, D]; ``mask`` [B, 1, q, L] bool (True: attend)."""
-    B, H, n, D = q.shape
-    if n == 1 and kv_heads != H:  # one position: the group's query heads along the query axis, K/V read in place
-        out = F.scaled_dot_product_attention(q.reshape(B, kv_heads, H // kv_heads, D), keys, values, attn_mask=mask)
-        return out.reshape(B, H, 1, D)
-    groups = H // kv_heads
-    if groups > 1:
-        keys = keys[:, :, None].expand(B, kv_heads, groups, *keys.shape[2:]).reshape(B, H, *keys.shape[2:])
-        values = values[:, :, None].expand(B, kv_heads, groups, *values.shape[2:]).reshape(B, H, *values.shape[2:])
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    groups = q.shape[1] // keys.shape[1]
+    if q.shape[2] == 1 and groups > 1:  # one position: K/V read in place
+        return grouped_query_sdpa(q, keys, values, mask)
+    return F.scaled_dot_product_attention(q, repeat_kv(keys, groups), repeat_kv(values, groups), attn_mask=mask)
 
 
 def forward(w: DecoderWeights, inputs_embeds, positions, cache, slots, mask, length=None):
@@ -172,6 +170,7 @@ def forward(w: DecoderWeights, inputs_embeds, positions, cache, slots, mask, len
     x, (B, n, _) = inputs_embeds, inputs_embeds.shape
     cos, sin = _cos_sin(w, positions, x.dtype)
     cos, sin = cos[:, None], sin[:, None]
+    seen = slice(None) if length is None else slice(0, length)
     for layer, (keys, values) in zip(w.layers, cache):
         residual = x
         h = _rms_norm(x, layer.input_norm, w.eps)
@@ -181,8 +180,7 @@ def forward(w: DecoderWeights, inputs_embeds, positions, cache, slots, mask, len
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         keys.index_copy_(2, slots, k.to(keys.dtype))
         values.index_copy_(2, slots, v.to(values.dtype))
-        seen = slice(None) if length is None else slice(0, length)
-        out = _attend(q, keys[:, :, seen], values[:, :, seen], mask, w.kv_heads)
+        out = _attend(q, keys[:, :, seen], values[:, :, seen], mask)
         x = residual + _linear(out.transpose(1, 2).reshape(B, n, -1), layer.o)
         residual = x
         h = _rms_norm(x, layer.post_norm, w.eps)

@@ -12,30 +12,34 @@ import torch
 GROUPED_DECODE = "tarpo_grouped_decode"
 
 
+def grouped_query_sdpa(query, key, value, attn_mask=None, scale=None):
+    """SDPA of one query position ``query`` [B, H, 1, D] over K/V with fewer heads [B, H_kv, L, D], the
+    group's query heads laid along the query axis, ``[B, H_kv, H / H_kv, D]``: query head ``h`` reads K/V
+    head ``h // (H / H_kv)``, as ``repeat_kv`` arranges, and K/V are read in place. ``attn_mask`` is shared
+    by the heads (``[B, 1, 1, L]``). Returns [B, H, 1, D]."""
+    B, H, _, D = query.shape
+    grouped = query.reshape(B, key.shape[1], H // key.shape[1], D)
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attn_mask, scale=scale)
+    return out.reshape(B, H, 1, D)
+
+
 def grouped_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Attention of one new position against a cache with fewer K/V heads than query heads.
 
     transformers' SDPA path copies K and V once per query head of a group (``repeat_kv``)
     whenever there is a padding mask: at every decode step, the whole static cache, times the
-    group size. For a single query position the group's query heads can be laid along the
-    query-length axis instead, ``[B, H, 1, D] -> [B, H_kv, H / H_kv, D]``, and attend to the
-    cache as it is; the mask ``[B, 1, 1, L]`` broadcasts over them. Query head ``h`` reads K/V
-    head ``h // (H / H_kv)``, as ``repeat_kv`` arranges. Other shapes (the prefill) go to SDPA.
+    group size. For a single query position the group's query heads are laid along the
+    query-length axis instead (:func:`grouped_query_sdpa`). Other shapes (the prefill) go to SDPA.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    B, H, q_len, D = query.shape
-    kv_heads = key.shape[1]
-    if q_len != 1 or kv_heads == H:
+    if query.shape[2] != 1 or key.shape[1] == query.shape[1]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    grouped = query.reshape(B, kv_heads, H // kv_heads, D)
-    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask,
-                                                           scale=scaling)
-    return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
+    return grouped_query_sdpa(query, key, value, attention_mask, scaling).transpose(1, 2).contiguous(), None
 
 
-def decode_mask(*args, **kwargs):
+def sdpa_decode_mask(*args, **kwargs):
     """transformers' SDPA mask, always built for a single query position. Its default first asks whether
     the mask could be skipped (``_ignore_causal_mask_sdpa``), which reads the padding mask on the host:
     one sync at every decode step. The prefill keeps the default (one read per rollout)."""
@@ -48,14 +52,14 @@ def decode_mask(*args, **kwargs):
 
 class grouped_decode_attention_on:
     """Context: the model's attention is :func:`grouped_decode_attention` (registered with
-    transformers' attention and mask interfaces; masks as for SDPA, :func:`decode_mask`), restored on exit."""
+    transformers' attention and mask interfaces; masks as for SDPA, :func:`sdpa_decode_mask`), restored on exit."""
 
     def __init__(self, config):
         from transformers import AttentionInterface
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
         AttentionInterface.register(GROUPED_DECODE, grouped_decode_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_DECODE, decode_mask)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED_DECODE, sdpa_decode_mask)
         self.config = config
 
     def __enter__(self):

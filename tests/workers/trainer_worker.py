@@ -24,6 +24,7 @@ model never answers a GSM8K question): the sum of the completion's character cod
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -142,8 +143,7 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     assert status == 0, f"the launcher exited with {status}"
-    metrics = [__import__("json").loads(line) for line in open(os.path.join(env["OUT_DIR"], env["RUN_NAME"],
-                                                                             "metrics.jsonl"))]
+    metrics = [json.loads(line) for line in open(os.path.join(env["OUT_DIR"], env["RUN_NAME"], "metrics.jsonl"))]
     return {"initial": initial, "grads": recorder.grads, "params": recorder.params, "growth": recorder.probe.taken,
             "engines": engines,
             "loss": {m["step"]: m["loss"] for m in metrics if "loss" in m},
