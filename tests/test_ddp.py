@@ -99,17 +99,18 @@ def test_lockstep_ranks_make_the_same_decode_steps_and_the_rollouts_of_running_a
                 assert torch.equal(r["lockstep"]["rollout"][name], value), (engine, name)
 
 
-def test_sharded_parameters_are_refused_with_a_pointer_to_the_docs():
+def test_only_fsdp2_shards_the_trainer_refuses_fsdp1_and_zero3_naming_the_docs():
     from types import SimpleNamespace
 
-    from tarpo.training.distributed import check_not_sharded
+    from tarpo.training.sharding import check_sharding
 
-    check_not_sharded(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=None, deepspeed_plugin=None)))
-    check_not_sharded(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2))))
+    assert not check_sharding(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=None, deepspeed_plugin=None)))
+    assert not check_sharding(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2))))
+    assert check_sharding(SimpleNamespace(state=SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=2))))
     zero3 = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3))
-    for state in (SimpleNamespace(fsdp_plugin=object()), zero3):
-        with pytest.raises(ValueError, match="sharded parameters.*docs/several-gpus.md"):
-            check_not_sharded(SimpleNamespace(state=state))
+    for state in (SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=1)), zero3):
+        with pytest.raises(ValueError, match="FSDP2 only.*docs/several-gpus.md"):
+            check_sharding(SimpleNamespace(state=state))
 
 
 @pytest.fixture(scope="module")

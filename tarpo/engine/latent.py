@@ -101,8 +101,9 @@ class HrpoGate(nn.Module):
             gate_i = torch.sigmoid(self.i(e32))
             return (a * e32 + torch.sqrt(1 - a * a + HRPO_EPS) * (gate_i * m32)).to(e.dtype)
 
-    def save(self, directory: str) -> None:
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
+    def save(self, directory: str, state: dict | None = None) -> None:
+        """``state``: the tensors to write, when this module's own are shards (tarpo.training.sharding)."""
+        save_file({k: v.detach().cpu().contiguous() for k, v in (state or self.state_dict()).items()},
                   f"{directory}/{HRPO_WEIGHTS}", metadata={"c": str(self.c), "mixture": self.mixture})
 
     @classmethod

@@ -52,9 +52,10 @@ class Router(nn.Module):
         ref.requires_grad_(False)
         return ref
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str, state: dict | None = None) -> None:
+        """``state``: the tensors to write, when this module's own are shards (tarpo.training.sharding)."""
         os.makedirs(directory, exist_ok=True)
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
+        save_file({k: v.detach().cpu().contiguous() for k, v in (state or self.state_dict()).items()},
                   os.path.join(directory, ROUTER_WEIGHTS))
         with open(os.path.join(directory, ROUTER_CONFIG), "w") as f:
             json.dump({"hidden_size": self.proj.in_features, "temperature": self.temperature}, f)

@@ -310,3 +310,49 @@ def resume_point(resume_from_checkpoint, output_dir: str, gate: bool, report) ->
             raise ValueError(f"{resume_from_checkpoint} is incomplete (missing {', '.join(missing)}): resume from "
                              "a complete checkpoint (tarpo.training.checkpoints.last_complete_checkpoint)")
     return resume_from_checkpoint
+
+
+def load_optimizer_on_cpu(trainer, checkpoint: str) -> bool:
+    """Processes on the CPU (``ACCELERATE_USE_CPU=true``, several of them, DDP): load the optimizer and
+    scheduler states of ``checkpoint`` onto the CPU and return True. The Trainer loads them with
+    ``map_location=args.device``, which accelerate names ``cpu:0`` there and ``torch.load`` cannot map
+    (tests/test_fsdp.py resumes a 2-process DDP run). False, loading nothing, everywhere else."""
+    args = trainer.args
+    if trainer.is_fsdp_enabled or args.device.type != "cpu" or args.world_size == 1:
+        return False
+    optimizer, scheduler = os.path.join(checkpoint, "optimizer.pt"), os.path.join(checkpoint, "scheduler.pt")
+    if not (os.path.isfile(optimizer) and os.path.isfile(scheduler)):
+        return False
+    import torch
+
+    trainer.optimizer.load_state_dict(torch.load(optimizer, map_location="cpu", weights_only=True))
+    trainer.lr_scheduler.load_state_dict(torch.load(scheduler, map_location="cpu", weights_only=True))
+    return True
+
+
+REF_ROUTER_DIR = "router_ref"
+
+
+def save_heads(directory: str, router, ref_router, gate, write: bool) -> None:
+    """The router, the frozen reference router and HRPO's gate into ``directory`` (``write``: this is the
+    process that writes). Every process calls it: under FSDP2 the router and the gate are gathered first."""
+    from . import sharding
+    router_state = sharding.whole_state_dict(router)
+    gate_state = sharding.whole_state_dict(gate) if gate is not None else None
+    if write:
+        router.save(directory, router_state)
+        ref_router.save(os.path.join(directory, REF_ROUTER_DIR))
+        if gate is not None:
+            gate.save(directory, gate_state)
+
+
+def load_heads(checkpoint: str, router, gate, device):
+    """The router and HRPO's gate of ``checkpoint`` loaded into ``router`` and ``gate`` (sharded or not);
+    returns its frozen reference router on ``device``."""
+    from ..engine.latent import HrpoGate
+    from ..engine.router import Router
+    from . import sharding
+    sharding.load_whole(router, Router.load(checkpoint).state_dict())
+    if gate is not None:
+        sharding.load_whole(gate, HrpoGate.load(checkpoint).state_dict())
+    return Router.load(os.path.join(checkpoint, REF_ROUTER_DIR), device=device).requires_grad_(False)

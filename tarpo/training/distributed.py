@@ -12,8 +12,9 @@
   parameters): the frozen reference router is copied from the router in the trainer's ``__init__``,
   and TRL seeds every rank differently before the router is drawn.
 - :func:`any_rank`: one small all-reduce, "does any rank still have a running row", for the
-  lockstep decode of sharded models (every rank must make the same decoder calls; tested, both
-  engines). The trainer itself refuses sharded parameters for now (:func:`check_not_sharded`).
+  lockstep decode of a model sharded layer by layer (every rank must make the same decoder calls; tested,
+  both engines). The trainer's FSDP2 rollout gathers the whole model instead (:mod:`tarpo.training.sharding`),
+  so its ranks decode alone.
 - :func:`rollout_seed`: the noise seed of a rollout, the same on every rank and after a resume.
 - :func:`cpu_requested`: ``ACCELERATE_USE_CPU``, read the way accelerate reads it.
 """
@@ -78,16 +79,6 @@ def any_rank(flag: bool) -> bool:
     value = torch.tensor([int(flag)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
-
-
-def check_not_sharded(accelerator) -> None:
-    """FSDP and ZeRO-3 are refused: the rollout and the training forward read the input embedding
-    matrix and call the decoder and the head directly, which under sharding hold only this rank's
-    shard outside their own module's forward (docs/several-gpus.md)."""
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if getattr(accelerator.state, "fsdp_plugin", None) is not None or (plugin is not None and plugin.zero_stage == 3):
-        raise ValueError("TarpoTrainer does not support sharded parameters yet (FSDP, DeepSpeed ZeRO-3): use DDP "
-                         "(accelerate launch --multi_gpu) or ZeRO stage 1-2; see docs/several-gpus.md")
 
 
 def cpu_requested() -> bool:

@@ -58,9 +58,9 @@ from ..models.loading import lora_config, new_router, stop_token_ids
 from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
 from ..routing import ROUTINGS
 from ..tasks.prompts import count_too_long, encode_prompts
-from . import checkpoints
+from . import checkpoints, sharding
 from .grad_checkpointing import checkpointing_paused
-from .distributed import check_not_sharded, forward_through, rollout_seed, same_on_every_rank
+from .distributed import forward_through, rollout_seed, same_on_every_rank
 from .objective import group_advantages, mismatch_weights, tarpo_loss
 from .optimizer import keep_fp32_state, parameter_groups
 from .scoring import StepScores, score_rollout
@@ -68,7 +68,6 @@ from .scoring import StepScores, score_rollout
 logger = logging.getLogger(__name__)
 GRPOTrainer = pristine_grpo_trainer()  # TRL's own class, never Unsloth's rewrite of it (tarpo.patches.trl_guard)
 
-REF_ROUTER_DIR = "router_ref"
 _ROLLOUT_KEYS = [
     "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
     "soft_weights", "p_soft", "entropy", "logp", "soft_inputs", "ended_with_eos",
@@ -124,7 +123,8 @@ class TarpoTrainer(GRPOTrainer):
         self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
                       if self.rule.gaussian else GumbelTopK(args.gumbel_temperature) if self.rule.gumbel else None)
         self._seed_step, self._seed_index = None, 0
-        check_not_sharded(self.accelerator)
+        if sharding.check_sharding(self.accelerator):  # FSDP2: accelerate shards the model when training starts
+            sharding.prepare(self.accelerator, [p for p in peft_model.parameters() if p.requires_grad])
         check_overrides(self, TarpoTrainer)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
@@ -202,12 +202,15 @@ class TarpoTrainer(GRPOTrainer):
         # Keyed noise: global row ids (this rank's share of the batch) and a seed every rank shares, so
         # a row draws the same on any number of processes, with either engine, after a resume.
         rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
-        backbone, started = make_backbone(model), time.perf_counter()
+        started = time.perf_counter()
         spec = replace(spec, engine=self.engine.next(device.type == "cuda"))
-        with checkpointing_paused(model), mixed_precision(backbone):
-            rollout = hybrid_generate(backbone, self.router, prompt_ids, prompt_mask, spec, self.piece,
-                                      self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,
-                                      noise_seed=self._next_rollout_seed(), row_ids=rows)
+        # sharded (FSDP2): the whole model gathered for the rollout, each rank decoding alone (tarpo.training.sharding)
+        with sharding.gathered(model), checkpointing_paused(model):
+            backbone = make_backbone(model)
+            with mixed_precision(backbone):
+                rollout = hybrid_generate(backbone, self.router, prompt_ids, prompt_mask, spec, self.piece,
+                                          self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,
+                                          noise_seed=self._next_rollout_seed(), row_ids=rows)
         self._engine_decided(time.perf_counter() - started, rollout.token_ids.shape[1])
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
@@ -274,6 +277,7 @@ class TarpoTrainer(GRPOTrainer):
         args = self.args
 
         def forward():  # replaces accelerate's autocast wrapper of model.forward: the precision is entered here
+            sharding.gather_direct_reads(self.accelerator.unwrap_model(model))  # FSDP2: embedding and head whole
             backbone = self.backbone()
             with mixed_precision(backbone):
                 scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
@@ -321,11 +325,7 @@ class TarpoTrainer(GRPOTrainer):
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
     # a kill or a full disk during a save never leaves a checkpoint-N that a re-run would pick.
     def _save_router(self, directory: str) -> None:
-        if self.args.should_save:
-            self.router.save(directory)
-            self.ref_router.save(os.path.join(directory, REF_ROUTER_DIR))
-            if self.gate is not None:
-                self.gate.save(directory)
+        checkpoints.save_heads(directory, self.router, self.ref_router, self.gate, self.args.should_save)
 
     def _get_output_dir(self, trial):
         """The run folder; while a checkpoint is being saved, the temporary folder that the Trainer's
@@ -363,19 +363,22 @@ class TarpoTrainer(GRPOTrainer):
         self.accelerator.wait_for_everyone()
 
     def save_model(self, output_dir=None, _internal_call=False):
-        super().save_model(output_dir, _internal_call)
+        if self.is_fsdp_enabled:  # FSDP2: the adapter gathered whole and written as PEFT's (one process loads it)
+            adapter = sharding.whole_state_dict(self.accelerator.unwrap_model(self.model), lambda n: "lora_" in n)
+            if self.args.should_save:
+                self._save(output_dir or self.args.output_dir, state_dict=adapter)
+        else:
+            super().save_model(output_dir, _internal_call)
         if not _internal_call:
             self._save_router(output_dir or self.args.output_dir)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        device = self.accelerator.device
-        self.router.load_state_dict(Router.load(resume_from_checkpoint).state_dict())
-        self.router.to(device)
-        self.ref_router = Router.load(os.path.join(resume_from_checkpoint, REF_ROUTER_DIR), device=device)
-        self.ref_router.requires_grad_(False)
-        if self.gate is not None:
-            self.gate.load_state_dict(HrpoGate.load(resume_from_checkpoint).state_dict())
+        self.ref_router = checkpoints.load_heads(resume_from_checkpoint, self.router, self.gate, self.accelerator.device)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None or not checkpoints.load_optimizer_on_cpu(self, checkpoint):
+            super()._load_optimizer_and_scheduler(checkpoint)
 
     def _resume_point(self, resume_from_checkpoint):
         return checkpoints.resume_point(resume_from_checkpoint, self.args.output_dir, self.gate is not None, logger.warning)

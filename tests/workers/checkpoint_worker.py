@@ -120,10 +120,10 @@ def install(kill: str | None, enospc: str | None) -> None:
     elif kind in ("router_save", "router_saved"):
         router_save = Router.save
 
-        def save_router(self, directory):
+        def save_router(self, directory, state=None):
             if kind == "router_save":
                 fire(directory)
-            router_save(self, directory)
+            router_save(self, directory, state)
             if kind == "router_saved":
                 fire(directory)
         Router.save = save_router
