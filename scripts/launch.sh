@@ -9,7 +9,8 @@
 # DRY_RUN=1 shows the command.
 set -euo pipefail
 set -a
-MODEL=${MODEL:-}                   # qwen2.5-1.5b | qwen2.5-3b (default) | qwen2.5-7b | llama3.1-8b | hub id | local folder
+MODEL=${MODEL:-}                   # qwen2.5-1.5b | qwen2.5-3b (default) | qwen2.5-7b | llama3.1-8b | qwen2.5-14b | qwen2.5-32b
+                                   # | hub id | local folder
 ALGO=${ALGO:-}                     # tarpo (default) | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens | tarpo_gumbel
 DATA_PATH=${DATA_PATH:-}           # local training data (file or folder); empty: the hub
 OUT_DIR=${OUT_DIR:-}               # the run folder is OUT_DIR/<name encoding the key settings>; default runs
@@ -72,7 +73,11 @@ ENGINE=${ENGINE:-}                 # rollout engine: auto (compiled on CUDA, eit
 BACKEND=${BACKEND:-}               # auto (default): Unsloth (tarpo.patches) on CUDA where scripts/install_gpu.sh installed it; hf: transformers + PEFT
 NUM_PROCESSES=${NUM_PROCESSES:-}   # > 1: that many processes (one per GPU) under accelerate launch; empty: 1,
                                    # or ACCELERATE_CONFIG's num_processes
-ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-}  # accelerate config file (FSDP, DeepSpeed, ...); empty: plain data parallel
+ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-}  # accelerate config file; configs/fsdp2.yaml shards the model (FSDP2); empty: DDP
+NUM_MACHINES=${NUM_MACHINES:-}     # > 1: the run spans that many machines (NUM_PROCESSES counts all their processes)
+MACHINE_RANK=${MACHINE_RANK:-}     # this machine's rank, 0 .. NUM_MACHINES-1 (0: the main one)
+MAIN_PROCESS_IP=${MAIN_PROCESS_IP:-}      # the address of the machine with MACHINE_RANK=0
+MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-}  # its port for the process group (accelerate's default 29500)
 CPU_MAX_HOURS=${CPU_MAX_HOURS:-}     # no CUDA: the run starts after a printed time estimate, refused past this (12 h)
 set +a
 cd "$(dirname "$0")/.."

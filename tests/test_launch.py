@@ -163,8 +163,8 @@ def test_dry_run_with_two_processes_shows_the_accelerate_command():
 def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path):
     from tarpo.runs.presets import resolve
 
-    config = tmp_path / "fsdp.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 4\n"
+    config = tmp_path / "ddp.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 4\n"
                       "mixed_precision: bf16\n")
     cfg = dry_run("run_gsm8k.sh", ACCELERATE_CONFIG=str(config))
     assert cfg["num_processes"] == 4 and cfg["trainer"]["per_device_train_batch_size"] == 8  # BATCH=32 over 4
@@ -172,7 +172,14 @@ def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path)
                                                  "-m", "tarpo.runs.launch", "gsm8k"]
     assert resolve("gsm8k", {"ACCELERATE_CONFIG": str(config), "NUM_PROCESSES": "2"})["num_processes"] == 2
     config.write_text("distributed_type: [\n")
-    with pytest.raises(ValueError, match="ACCELERATE_CONFIG=.*fsdp.yaml: not an accelerate config file"):
+    with pytest.raises(ValueError, match="ACCELERATE_CONFIG=.*ddp.yaml: not an accelerate config file"):
+        resolve("gsm8k", {"ACCELERATE_CONFIG": str(config)})
+    # sharded: FSDP2 only (tarpo.training.sharding); FSDP1 and ZeRO-3 are refused before anything loads
+    config.write_text("distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_version: 1\n")
+    with pytest.raises(ValueError, match="ddp.yaml: FSDP version 1; TARPO shards with FSDP2"):
+        resolve("gsm8k", {"ACCELERATE_CONFIG": str(config)})
+    config.write_text("distributed_type: DEEPSPEED\nnum_processes: 4\ndeepspeed_config:\n  zero_stage: 3\n")
+    with pytest.raises(ValueError, match="ddp.yaml: DeepSpeed ZeRO-3; TARPO shards with FSDP2"):
         resolve("gsm8k", {"ACCELERATE_CONFIG": str(config)})
 
 
@@ -183,10 +190,10 @@ def test_several_processes_need_cuda_or_accelerate_use_cpu(monkeypatch):
     two, four = {"num_processes": 2, "accelerate_config": None}, {"num_processes": 4, "accelerate_config": None}
     with pytest.raises(ValueError, match="NUM_PROCESSES=2: no CUDA device.*ACCELERATE_USE_CPU=true"):
         check_processes(two, devices=0, cpu=False)
-    with pytest.raises(ValueError, match="NUM_PROCESSES=4: this machine has 2 CUDA device"):
+    with pytest.raises(ValueError, match="NUM_PROCESSES=4: 4 processes on this machine, which has 2 CUDA device"):
         check_processes(four, devices=2, cpu=False)
     check_processes(two, devices=2, cpu=False)
-    check_processes({"num_processes": 4, "accelerate_config": "multi-node.yaml"}, devices=2, cpu=False)  # machines
+    check_processes({**four, "num_machines": 2}, devices=2, cpu=False)  # 2 a machine
     check_processes({"num_processes": 1, "accelerate_config": None}, devices=0, cpu=False)
     check_processes(two, devices=0, cpu=True)  # CI: processes on the CPU, gloo
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)

@@ -22,6 +22,10 @@ from tarpo.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 TOLERANCE = 0.15  # |measured - planned| / planned, for the activation terms
+ONE_GPU = ["qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama3.1-8b"]  # the paper's models, each run on one GPU
+# The README's table: the fewest 80 GB GPUs that the larger presets need under FSDP2 (configs/fsdp2.yaml)
+SHARDED = {("qwen2.5-14b", "gsm8k"): 1, ("qwen2.5-14b", "math"): 1, ("qwen2.5-14b", "dapo"): 1,
+           ("qwen2.5-32b", "gsm8k"): 8, ("qwen2.5-32b", "math"): 8, ("qwen2.5-32b", "dapo"): 16}
 
 
 class LiveStorage(TorchDispatchMode):
@@ -67,10 +71,11 @@ def test_parameter_counts_are_the_real_models(arch, tied):
 
 
 def test_the_presets_are_the_published_architectures():
-    """Parameter counts of the model cards: 1.54B, 3.09B, 7.61B (Qwen2.5), 8.03B (Llama 3.1)."""
+    """Parameter counts of the model cards: 1.54B, 3.09B, 7.61B, 14.7B, 32.8B (Qwen2.5), 8.03B (Llama 3.1)."""
     counts = {m: mp.shapes_of(mp.preset_config(m), ATTENTION, 32).params for m in MODELS}
     assert counts["llama3.1-8b"] == 8_030_261_248
-    for m, billions in {"qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61}.items():
+    for m, billions in {"qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61, "qwen2.5-14b": 14.77,
+                        "qwen2.5-32b": 32.76}.items():
         assert abs(counts[m] / 1e9 - billions) < 0.01, (m, counts[m])
 
 
@@ -179,7 +184,7 @@ def test_every_preset_plans_within_an_80_gb_gpu(monkeypatch, capsys, backend):
     import tarpo.models.loading
     monkeypatch.setattr(tarpo.models.loading, "resolve_backend", lambda b="auto": backend)  # unsloth needs CUDA
     table = {}
-    for model in MODELS:
+    for model in ONE_GPU:
         for dataset in DATASETS:
             status, out, err = run_launcher(monkeypatch, capsys, dataset, MODEL=model, DRY_RUN="1", BACKEND=backend)
             assert status == 0, err
@@ -195,6 +200,24 @@ def test_every_preset_plans_within_an_80_gb_gpu(monkeypatch, capsys, backend):
     if backend == "hf":  # the large runs are split; the small ones are not
         assert table["qwen2.5-7b", "math"] < 64 and table["llama3.1-8b", "dapo"] < 64
         assert table["qwen2.5-1.5b", "gsm8k"] == 32
+
+
+def test_the_larger_presets_fit_the_fewest_80_gb_gpus_of_the_readme_table(monkeypatch, capsys):
+    """FSDP2 (configs/fsdp2.yaml) on the README's number of GPUs fits each data set; half as many does not.
+    The refusal names NUM_PROCESSES (the acceptance line: Qwen2.5-32B on MATH, 8 GPUs and 1)."""
+    config = os.path.join(ROOT, "configs", "fsdp2.yaml")
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for (model, dataset), gpus in SHARDED.items():
+        assert f"| `{model}` | {dataset} | {gpus} |" in readme, (model, dataset)
+        status, out, err = run_launcher(monkeypatch, capsys, dataset, MODEL=model, DRY_RUN="1",
+                                        ACCELERATE_CONFIG=config, NUM_PROCESSES=str(gpus))
+        assert status == 0, err
+        plan = json.loads(out.strip().splitlines()[-1])["memory_plan"]
+        assert plan["fits"] and plan["peak_gib"] <= plan["usable_gib"] and plan["shards"] == gpus
+        if gpus > 1:
+            status, out, err = run_launcher(monkeypatch, capsys, dataset, MODEL=model, DRY_RUN="1",
+                                            ACCELERATE_CONFIG=config, NUM_PROCESSES=str(gpus // 2))
+            assert status == 2 and "raise NUM_PROCESSES" in err, (model, dataset, err)
 
 
 def test_the_shell_launcher_prints_the_plan():

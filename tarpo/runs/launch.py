@@ -52,12 +52,21 @@ def accelerate_prefix(cfg: dict) -> list[str] | None:
     ['-m', 'accelerate.commands.launch', '--num_processes', '2', '--multi_gpu']
     >>> accelerate_prefix({"num_processes": 1, "accelerate_config": None}) is None
     True
+    >>> accelerate_prefix({"num_processes": 16, "accelerate_config": None, "num_machines": 2, "machine_rank": 1,
+    ...                    "main_process_ip": "10.0.0.1", "main_process_port": 29500})[5:]
+    ['--multi_gpu', '--num_machines', '2', '--machine_rank', '1', '--main_process_ip', '10.0.0.1', '--main_process_port', '29500']
     """
     n, config = cfg["num_processes"], cfg["accelerate_config"]
     if n == 1 and config is None:
         return None
+    nodes = []  # NUM_MACHINES, MACHINE_RANK, MAIN_PROCESS_IP, MAIN_PROCESS_PORT (tarpo.runs.presets.machines)
+    if cfg.get("num_machines", 1) > 1 and cfg.get("main_process_ip"):  # else the config file's own
+        nodes = ["--num_machines", str(cfg["num_machines"]), "--machine_rank", str(cfg["machine_rank"]),
+                 "--main_process_ip", cfg["main_process_ip"]]
+    if cfg.get("main_process_port") is not None:
+        nodes += ["--main_process_port", str(cfg["main_process_port"])]
     return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
-            *(["--config_file", config] if config else ["--multi_gpu"])]
+            *(["--config_file", config] if config else ["--multi_gpu"]), *nodes]
 
 
 def training_command(cfg: dict) -> list[str] | None:
@@ -69,17 +78,19 @@ def training_command(cfg: dict) -> list[str] | None:
 def check_processes(cfg: dict, devices: int, cpu: bool) -> None:
     """Several processes need a CUDA device each (``devices``: this machine's count), or ``cpu``
     (ACCELERATE_USE_CPU=true), which runs them on the CPU talking over gloo (tests, CI)."""
-    n = cfg["num_processes"]
-    if n == 1 or cpu:
+    total, machines = cfg["num_processes"], cfg.get("num_machines", 1)
+    n = total // machines  # this machine's processes
+    if total == 1 or cpu:
         return
     if devices == 0:
-        raise ValueError(f"NUM_PROCESSES={n}: no CUDA device on this machine to run {n} processes on. Set "
+        raise ValueError(f"NUM_PROCESSES={total}: no CUDA device on this machine to run {n} processes on. Set "
                          "NUM_PROCESSES=1, or ACCELERATE_USE_CPU=true to run the processes on the CPU "
                          "(gloo; for tests, with a tiny local MODEL)")
-    if n > devices and cfg["accelerate_config"] is None:
-        raise ValueError(f"NUM_PROCESSES={n}: this machine has {devices} CUDA device(s) (one process per device; "
-                         "see CUDA_VISIBLE_DEVICES); use at most that many, or an ACCELERATE_CONFIG for several "
-                         "machines")
+    if n > devices:
+        each = f" (NUM_PROCESSES={total} over NUM_MACHINES={machines})" if machines > 1 else ""
+        raise ValueError(f"NUM_PROCESSES={total}: {n} processes on this machine{each}, which has {devices} CUDA "
+                         "device(s) (one process per device; see CUDA_VISIBLE_DEVICES); use at most that many, or "
+                         "more machines (NUM_MACHINES, docs/several-gpus.md)")
 
 
 def cpu_run_estimate(cfg: dict, model, tokenizer, dataset) -> float:
@@ -162,7 +173,7 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
                      soft_top_k=t["soft_top_k"], full_mix=full_mix, gate=rule.gate,
                      optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),
                      full_kl=t.get("token_kl") == "full", checkpointing=t["gradient_checkpointing"],
-                     weight_bytes=2 if t["bf16"] else 4)
+                     weight_bytes=2 if t["bf16"] else 4, shards=cfg["num_processes"] if cfg.get("sharding") else 1)
         shapes = mp.shapes_of(config, t["lora_target_modules"], t["lora_r"])
         import torch
         total = torch.cuda.mem_get_info()[1] if cuda else mp.GPU_80GB
@@ -171,11 +182,16 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
         result = {**{k: round(v, 2) for k, v in p.items() if k.endswith("_gib")}, "micro_batch": micro,
                   "gpu_gib": round(total / mp.GIB, 2), "usable_gib": round(mp.usable_bytes(total) / mp.GIB, 2),
                   "gpu": torch.cuda.get_device_name() if cuda else "none: planned for an 80 GB GPU",
-                  "engine": run.engine, "backend": backend}
+                  "engine": run.engine, "backend": backend, "shards": run.shards}
         if not p["fits"] and (cuda or cfg["dry_run"]):
             at = f"MICRO_BATCH={requested}" if requested else "micro-batch 1"
             change = ("set a smaller MICRO_BATCH (or leave it empty to pick one), or lower BATCH, "
                       "MAX_COMPLETION_LENGTH or MODEL") if requested else "lower BATCH, MAX_COMPLETION_LENGTH or MODEL"
+            if cfg.get("sharding"):
+                change = (f"raise NUM_PROCESSES (now {cfg['num_processes']}; FSDP2 shares the weights and the "
+                          f"rollout's rows among the processes, over several machines with NUM_MACHINES), or {change}")
+            elif cfg["num_processes"] == 1:
+                change += ", or shard the model over several GPUs (ACCELERATE_CONFIG=configs/fsdp2.yaml NUM_PROCESSES=8)"
             raise ValueError(f"{'MICRO_BATCH' if requested else 'BATCH'}: the run needs {p['peak_gib']:.1f} GiB at {at} "
                              f"(rollout {p['rollout_gib']:.1f}, training {p['train_gib']:.1f}), more than the "
                              f"{result['usable_gib']} GiB usable of this {result['gpu_gib']} GiB GPU: {change} "

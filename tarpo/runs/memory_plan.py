@@ -57,6 +57,7 @@ class Shapes:
     head_dim: int
     intermediate: int
     vocab: int
+    embedding: int = 0  # parameters of the input embedding and the output head (once if tied)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Run:
     full_kl: bool = False      # token_kl="full": a second fp32 [chunk, V] set for the reference
     checkpointing: bool = True
     weight_bytes: int = 2      # bf16; 4 for an fp32 (CPU) run
+    shards: int = 1            # FSDP2: the processes the parameters are sharded over (tarpo.training.sharding)
 
 
 def preset_config(model: str):
@@ -113,9 +115,11 @@ def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in set(lora_targets))
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    tied = getattr(config, "tie_word_embeddings", False)
     return Shapes(params=params, lora_params=lora, layers=config.num_hidden_layers, hidden=config.hidden_size,
                   heads=heads, kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
-                  intermediate=config.intermediate_size, vocab=config.vocab_size)
+                  intermediate=config.intermediate_size, vocab=config.vocab_size,
+                  embedding=config.vocab_size * config.hidden_size * (1 if tied else 2))
 
 
 def cache_length(run: Run) -> int:
@@ -125,12 +129,26 @@ def cache_length(run: Run) -> int:
     return -(-length // CACHE_BUCKET) * CACHE_BUCKET if run.engine == "compiled" else length
 
 
-def persistent_bytes(s: Shapes, run: Run) -> dict:
-    """Alive the whole run: bf16 weights, fp32 LoRA + router (+ HRPO gate) and optimizer state."""
-    d = s.hidden
+def persistent_bytes(s: Shapes, run: Run, phase: str = "train") -> dict:
+    """Alive the whole run: bf16 weights, fp32 LoRA + router (+ HRPO gate) and optimizer state.
+
+    Sharded over ``N = run.shards`` processes (FSDP2), a process holds ``1/N`` of each, and gathers whole
+    what it computes with: for the ``"rollout"`` the whole model (beside its own shards), for training
+    the embedding and the head (read directly by the scoring) and two decoder layers (the one running
+    and the one FSDP prefetches)."""
+    d, N = s.hidden, run.shards
     trained_fp32 = 2 * d + 2 + (2 * (d * d + d) + d if run.gate else 0)  # router, gate: fp32 Adam state
-    return {"weights": s.params * run.weight_bytes,
-            "adapter+optimizer": s.lora_params * (4 + (2 if run.optim_8bit else 8)) + trained_fp32 * (4 + 8)}
+    moments = 2 if run.optim_8bit else 8
+    weights, lora = s.params * run.weight_bytes, s.lora_params * (4 + moments) + trained_fp32 * (4 + 8)
+    if N == 1:
+        return {"weights": weights, "adapter+optimizer": lora}
+    layer = (s.params - s.embedding) / s.layers
+    if phase == "rollout":
+        gathered, lora_gathered = weights, s.lora_params * 4 + trained_fp32 * 4
+    else:
+        gathered = (s.embedding + 2 * layer) * run.weight_bytes
+        lora_gathered = 2 * s.lora_params / s.layers * 4 + trained_fp32 * 4
+    return {"weights": weights / N + gathered, "adapter+optimizer": lora / N + lora_gathered}
 
 
 def records_bytes(s: Shapes, run: Run) -> int:
@@ -153,7 +171,7 @@ def rollout_bytes(s: Shapes, run: Run) -> dict:
     if run.engine == "eager":
         step += B * C * (2 * q + s.kv_heads * s.head_dim) * w + B * C * kv_token
     cache = B * C * kv_token if run.engine == "compiled" else 0
-    return {**persistent_bytes(s, run), "kv_cache": cache, "prefill|decode": max(prefill, step),
+    return {**persistent_bytes(s, run, "rollout"), "kv_cache": cache, "prefill|decode": max(prefill, step),
             "records": 3 * records_bytes(s, run)}  # last step's batch, the decode buffers, their cut copy
 
 
@@ -176,7 +194,8 @@ def train_bytes(s: Shapes, run: Run, micro_batch: int) -> dict:
     mixing = min(1024, micro_batch * T) * run.soft_top_k * d * (8 + w)  # gathered rows, fp32 copy, weighted
     # the rollout's cache and buffers are released when it returns (every engine): its records stay,
     # once, in the trainer's buffer of the generation batch
-    return {**persistent_bytes(s, run), "gradients": s.lora_params * 4 + 4 * (2 * d + 2),
+    grads = s.lora_params * 4 / run.shards + (s.lora_params * 4 / s.layers if run.shards > 1 else 0)
+    return {**persistent_bytes(s, run), "gradients": grads + 4 * (2 * d + 2),
             "rollout_left": records_bytes(s, run),
             "activations": micro_batch * L * per_token + max(layer, chunk, mixing)}
 

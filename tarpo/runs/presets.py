@@ -48,6 +48,17 @@ MODELS = {
                        config=dict(_QWEN, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                                    num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
                                    tie_word_embeddings=False)),
+    # beyond the paper (docs/several-gpus.md): the 7B's b0 and learning rates; the published config.json shapes
+    "qwen2.5-14b": dict(hub_id="Qwen/Qwen2.5-14B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
+                        router_lr=1e-4,
+                        config=dict(_QWEN, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                                    num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                                    tie_word_embeddings=False)),
+    "qwen2.5-32b": dict(hub_id="Qwen/Qwen2.5-32B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
+                        router_lr=1e-4,
+                        config=dict(_QWEN, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                                    num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                                    tie_word_embeddings=False)),
     "llama3.1-8b": dict(hub_id="meta-llama/Llama-3.1-8B-Instruct", action_bias=[4.6, 0.0], learning_rate=2e-6,
                         router_lr=2e-6,
                         config=dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
@@ -151,6 +162,7 @@ SETTINGS = {
     "MODEL": str, "ALGO": str, "DATA_PATH": str, "OUT_DIR": str, "RUN_NAME": str, "TRAIN_LIMIT": int,
     "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool, "BACKEND": str,
     "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str, "MICRO_BATCH": int, "CPU_MAX_HOURS": float,
+    "NUM_MACHINES": int, "MACHINE_RANK": int, "MAIN_PROCESS_IP": str, "MAIN_PROCESS_PORT": int,
 }
 
 
@@ -172,17 +184,56 @@ def variable_of(field: str) -> str | None:
     return next((name for name, (f, _) in VARIABLES.items() if f == field), None)
 
 
-def configured_processes(path: str) -> int:
-    """The ``num_processes`` of an accelerate config file, 1 where it leaves it open; a file that
-    accelerate cannot read raises ``ValueError`` naming ACCELERATE_CONFIG."""
+def accelerate_settings(path: str) -> tuple[int, int, str | None]:
+    """``(num_processes, num_machines, sharding)`` of an accelerate config file: its process and machine
+    counts (1 where it leaves them open) and ``"fsdp2"`` when it shards the parameters with FSDP2 (None: data
+    parallel). A file that
+    accelerate cannot read, FSDP1 and DeepSpeed ZeRO-3 raise ``ValueError`` naming ACCELERATE_CONFIG."""
     if not os.path.isfile(path):
         raise ValueError(f"ACCELERATE_CONFIG={path}: no such file")
     from accelerate.commands.config.config_args import load_config_from_file
     try:
-        n = getattr(load_config_from_file(path), "num_processes", 1)
+        config = load_config_from_file(path)
     except Exception as exc:  # YAML/JSON syntax, unknown keys, a bad value: whatever accelerate would fail on
         raise ValueError(f"ACCELERATE_CONFIG={path}: not an accelerate config file ({exc})") from None
-    return n if isinstance(n, int) and n >= 1 else 1
+    n = getattr(config, "num_processes", 1)
+    kind = str(getattr(config, "distributed_type", "")).rsplit(".", 1)[-1]
+    sharding = None
+    if kind == "FSDP":
+        if int((getattr(config, "fsdp_config", None) or {}).get("fsdp_version", 1)) != 2:
+            raise ValueError(f"ACCELERATE_CONFIG={path}: FSDP version 1; TARPO shards with FSDP2: set "
+                             "fsdp_config.fsdp_version: 2 (configs/fsdp2.yaml, docs/several-gpus.md)")
+        sharding = "fsdp2"
+    if kind == "DEEPSPEED" and int((getattr(config, "deepspeed_config", None) or {}).get("zero_stage", 0)) == 3:
+        raise ValueError(f"ACCELERATE_CONFIG={path}: DeepSpeed ZeRO-3; TARPO shards with FSDP2 "
+                         "(configs/fsdp2.yaml, docs/several-gpus.md)")
+    m = getattr(config, "num_machines", 1)
+    return (n if isinstance(n, int) and n >= 1 else 1), (m if isinstance(m, int) and m >= 1 else 1), sharding
+
+
+def machines(s: dict, processes: int, configured: int = 1) -> dict:
+    """The multi-node settings ``accelerate launch`` gets (NUM_MACHINES, MACHINE_RANK, MAIN_PROCESS_IP,
+    MAIN_PROCESS_PORT), checked: NUM_PROCESSES counts the processes of every machine together. ``configured``:
+    the ACCELERATE_CONFIG's num_machines, used where NUM_MACHINES is not set.
+
+    >>> machines({"NUM_MACHINES": 2, "MACHINE_RANK": 1, "MAIN_PROCESS_IP": "10.0.0.1"}, 16)["machine_rank"]
+    1
+    """
+    n = s.get("NUM_MACHINES", configured)
+    rank, ip, port = s.get("MACHINE_RANK", 0), s.get("MAIN_PROCESS_IP"), s.get("MAIN_PROCESS_PORT")
+    if n < 1:
+        raise ValueError(f"NUM_MACHINES={n}: must be >= 1")
+    if not 0 <= rank < n:
+        raise ValueError(f"MACHINE_RANK={rank}: must be 0 .. NUM_MACHINES-1 = {n - 1} (0 on the main machine)")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"MAIN_PROCESS_PORT={port}: must be a port number, 1 .. 65535")
+    if n > 1 and "NUM_MACHINES" in s:  # a config file's machines are its own business
+        if not ip:
+            raise ValueError(f"NUM_MACHINES={n}: set MAIN_PROCESS_IP to the address of the machine with MACHINE_RANK=0")
+        if processes % n:
+            raise ValueError(f"NUM_PROCESSES={processes}: the processes of all {n} machines together "
+                             f"(NUM_MACHINES={n}), so a multiple of NUM_MACHINES")
+    return {"num_machines": n, "machine_rank": rank, "main_process_ip": ip, "main_process_port": port}
 
 
 def _parse(name, parser, raw):
@@ -231,7 +282,14 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         raise ValueError(f"BATCH={batch}: completions per step must be a positive multiple of GROUP_SIZE={group}")
     # several processes share the step's completions: BATCH stays the completions per optimizer step
     accelerate_config = s.get("ACCELERATE_CONFIG")
-    processes = s.get("NUM_PROCESSES", configured_processes(accelerate_config) if accelerate_config else 1)
+    configured, in_config, sharding = accelerate_settings(accelerate_config) if accelerate_config else (1, 1, None)
+    processes = s.get("NUM_PROCESSES", configured)
+    nodes = machines(s, processes, in_config)
+    if sharding and s.get("BACKEND") == "unsloth":
+        raise ValueError(f"BACKEND=unsloth: ACCELERATE_CONFIG={accelerate_config} shards the model with FSDP2, "
+                         "which trains on transformers + PEFT: set BACKEND=hf or leave it empty")
+    if sharding and "OPTIM" not in env:  # 8-bit states of sharded parameters: untested; fp32 Adam is sharded too
+        trainer["optim"] = "adamw_torch"
     if batch % processes:
         raise ValueError(f"BATCH={batch}: the completions of a step are shared by NUM_PROCESSES={processes} "
                          "processes, so BATCH must be a multiple of it")
@@ -257,7 +315,7 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
         "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo].eval_mode,
         "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),
-        "dry_run": s.get("DRY_RUN", False), "backend": s.get("BACKEND", "auto"),
-        "num_processes": processes, "accelerate_config": accelerate_config,
+        "dry_run": s.get("DRY_RUN", False), "backend": "hf" if sharding else s.get("BACKEND", "auto"),
+        "num_processes": processes, "accelerate_config": accelerate_config, "sharding": sharding, **nodes,
         "cpu_max_hours": s.get("CPU_MAX_HOURS", 12.0), "trainer": trainer,
     }
