@@ -5,19 +5,18 @@ import json
 import os
 import subprocess
 import sys
-import weakref
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from tarpo.runs import memory_plan as mp
 from tarpo.engine.backbone import Backbone
 from tarpo.engine.precision import mixed_precision
 from tarpo.runs.presets import DATASETS, MODELS
 from tarpo.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
+from helpers import free_port
+from workers.live_storage import LiveStorage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -26,34 +25,6 @@ ONE_GPU = ["qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "llama3.1-8b"]  # the pap
 # The README's table: the fewest 80 GB GPUs that the larger presets need under FSDP2 (configs/fsdp2.yaml)
 SHARDED = {("qwen2.5-14b", "gsm8k"): 1, ("qwen2.5-14b", "math"): 1, ("qwen2.5-14b", "dapo"): 1,
            ("qwen2.5-32b", "gsm8k"): 8, ("qwen2.5-32b", "math"): 8, ("qwen2.5-32b", "dapo"): 16}
-
-
-class LiveStorage(TorchDispatchMode):
-    """Peak bytes of the tensor storages created while active and still alive (views of tensors
-    made before, weights included, are not counted)."""
-
-    def __init__(self):
-        super().__init__()
-        self.live, self.now, self.peak = {}, 0, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            key = storage.data_ptr()
-            if key in self.live or key in inputs or storage.nbytes() == 0:
-                continue
-            self.live[key] = storage.nbytes()
-            self.now += storage.nbytes()
-            self.peak = max(self.peak, self.now)
-            weakref.finalize(storage, self._free, key)
-        return out
-
-    def _free(self, key):
-        self.now -= self.live.pop(key, 0)
 
 
 def tiny(arch, d, inter, layers, heads, kv, vocab, tied=False):
@@ -163,6 +134,46 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
                    torch.arange(40), fd.prefill_mask(mask), 40)
     allocated = sum(t.numel() * t.element_size() for kv in cache for t in kv)
     assert allocated == mp.rollout_bytes(mp.shapes_of(model.config, ATTENTION, 8), run)["kv_cache"]
+
+
+# a sharded run's per-process plan: 8 decoder layers, so that gathering 2 of them is told apart from the whole
+SHARDED_RUN = dict(d=256, inter=1024, layers=8, heads=4, kv=2, vocab=1024, r=8, rows=4, prompt=16, completion=16, k=4)
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_a_sharded_run_matches_the_measured_peaks_of_every_process(tmp_path, processes):
+    """FSDP2 on gloo, sharded by accelerate as configs/fsdp2.yaml shards (tests/workers/fsdp_memory_worker.py):
+    every tensor byte a process holds at the peak of its second step's rollout (the whole model gathered
+    beside its shards) and of its training forward/backward (embedding, head and the running layers
+    gathered; LoRA gradients and AdamW state sharded), against the plan's total per process. The plan of the
+    same run unsharded misses both by more than the tolerance: the comparison sees the sharded terms."""
+    c = SHARDED_RUN
+    worker = os.path.join(ROOT, "tests", "workers", "fsdp_memory_worker.py")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, worker, str(tmp_path), json.dumps(c)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(processes),
+                                   "LOCAL_WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+             for r in range(processes)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    model = tiny("qwen2", c["d"], c["inter"], c["layers"], c["heads"], c["kv"], c["vocab"])
+    s = mp.shapes_of(model.config, ATTENTION, c["r"])
+    run = mp.Run(rows=c["rows"], prompt=c["prompt"], completion=c["completion"], engine="eager", soft_top_k=c["k"],
+                 optim_8bit=False, shards=processes)  # AdamW in fp32: the optimizer of a sharded run (runs.presets)
+
+    def planned(run):  # a lone rollout call holds no earlier step's records (as the one-process measurement)
+        return {"rollout": sum(mp.rollout_bytes(s, run).values()) - mp.records_bytes(s, run),
+                "train": sum(mp.train_bytes(s, run, c["rows"]).values())}
+    sharded, whole = planned(run), planned(mp.Run(**{**run.__dict__, "shards": 1}))
+    for rank in range(processes):
+        measured = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for phase in ("rollout", "train"):
+            print(f"rank {rank} {phase}: measured {measured[phase]} planned {sharded[phase]:.0f} "
+                  f"ratio {measured[phase] / sharded[phase]:.3f} (unsharded plan {measured[phase] / whole[phase]:.3f})")
+            assert abs(measured[phase] - sharded[phase]) <= TOLERANCE * sharded[phase], (rank, phase)
+            assert abs(measured[phase] - whole[phase]) > TOLERANCE * whole[phase], (rank, phase)
 
 
 def run_launcher(monkeypatch, capsys, dataset, **env):
