@@ -2,13 +2,13 @@
 # TARPO (or a baseline, ALGO) on DAPO-Math-17k with one GPU (NUM_PROCESSES=N: N GPUs), then optionally the paper's
 # evaluation (out of domain: GPQA-Diamond, ARC-Challenge, HumanEval).
 # Set any launcher variable below or in the environment:   BETA=0.01 bash run_dapo.sh
-# Every variable, what it means and its default are listed in scripts/launch.sh (shared by the three
+# Every variable and the values it takes are listed in scripts/launch.sh (shared by the three
 # launchers); an empty value means the paper's value for DAPO-Math-17k and MODEL. DRY_RUN=1 prints the resolved
-# configuration (its last line is one JSON object) and exits.
+# configuration, every default included (its last line is one JSON object), and exits.
 set -euo pipefail
 set -a
-MODEL=${MODEL:-}   # qwen2.5-1.5b | qwen2.5-3b (default) | qwen2.5-7b | llama3.1-8b | hub id | local folder
-ALGO=${ALGO:-}     # tarpo (default) | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens
+MODEL=${MODEL:-}   # a preset (listed in scripts/launch.sh), a hub id or a local folder
+ALGO=${ALGO:-}     # tarpo, or a baseline (every one is listed in scripts/launch.sh)
 EVAL=${EVAL:-}     # 1: evaluate the trained system after training
 # e.g. BETA=0.01   LR=1e-6   MAX_STEPS=100   (any variable of scripts/launch.sh)
 set +a

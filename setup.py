@@ -29,6 +29,7 @@ setup(
     # Unsloth is not an extra: its declared torchvision and xformers would replace the installed torch;
     # scripts/install_gpu.sh installs it (requirements-gpu.txt, requirements-unsloth.txt, docs/gpu-install.md)
     extras_require={
-        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0"],
+        # tensorboard: tests/test_report_to.py reads the event files of a REPORT_TO=tensorboard run
+        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tensorboard==2.21.0"],
     },
 )

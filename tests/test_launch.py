@@ -130,8 +130,20 @@ def test_bad_settings_name_the_variable(env, message):
     assert res.returncode == 2 and message in res.stderr
 
 
+MISSPELT = [  # (the environment, the refusal): names a new user tries, and what the launcher calls them
+    ({"IMPORTANCE_SAMPLING_LEVEL": "sequence"}, "IMPORTANCE_SAMPLING_LEVEL=sequence: not a launcher variable, so it "
+                                                "would be ignored; did you mean IS_LEVEL?"),  # TarpoConfig's name
+    ({"GUMBEL_TAU": "0", "ALGO": "tarpo_gumbel"}, "GUMBEL_TAU=0: not a launcher variable, so it would be ignored; "
+                                                  "did you mean GUMBEL_TEMPERATURE?"),  # a GUMBEL_ name
+    ({"LORA_RANK": "8"}, "LORA_RANK=8: not a launcher variable, so it would be ignored; did you mean LORA_R, "),
+    ({"NUM_GENERATIONS": "4"}, "did you mean GROUP_SIZE?"), ({"LAMDA": "0.1"}, "did you mean LAMBDA?"),
+    ({"beta": "0.01"}, "beta=0.01: not a launcher variable, so it would be ignored; did you mean BETA?"),
+]
+
+
 @pytest.mark.parametrize("env, message", [({"BETA": "abc"}, "BETA='abc'"), ({"DATA_PATH": "/no/such"}, "DATA_PATH=/no/such"),
-                                          ({"EVAL_DATA_DIR": "/no/such"}, "EVAL_DATA_DIR=/no/such: no such folder")])
+                                          ({"EVAL_DATA_DIR": "/no/such"}, "EVAL_DATA_DIR=/no/such: no such folder"),
+                                          *MISSPELT])
 def test_a_mistyped_variable_is_refused_before_torch_or_trl_is_imported(env, message):
     """The refusal costs a Python start-up, not the seconds of importing torch, TRL, PEFT and bitsandbytes."""
     code = ("import sys; from tarpo.runs.launch import main; rc = main(['math']); "
@@ -139,6 +151,56 @@ def test_a_mistyped_variable_is_refused_before_torch_or_trl_is_imported(env, mes
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                          env={**os.environ, "DRY_RUN": "1", **env})
     assert res.stdout.split() == ["2", "False", "False"] and message in res.stderr, res.stdout + res.stderr
+
+
+def test_the_two_misspellings_a_new_user_tried_are_refused_by_run_math_sh():
+    """``IMPORTANCE_SAMPLING_LEVEL=sequence bash run_math.sh`` and ``GUMBEL_TAU=0 ALGO=tarpo_gumbel bash run_math.sh``
+    ran with the defaults; now both stop, naming the variable meant, and together one message names both."""
+    res = launch("run_math.sh", DRY_RUN="1", IMPORTANCE_SAMPLING_LEVEL="sequence", GUMBEL_TAU="0", ALGO="tarpo_gumbel")
+    assert res.returncode == 2 and res.stdout == "", res.stdout[-2000:]
+    assert MISSPELT[0][1] in res.stderr and MISSPELT[1][1] in res.stderr
+    assert re.search(r"env (-u (IMPORTANCE_SAMPLING_LEVEL|GUMBEL_TAU) ){2}bash run_math\.sh", res.stderr), res.stderr
+
+
+def environment_names_of_the_libraries():
+    """Every environment variable that torch, transformers, TRL, accelerate, PEFT, datasets, huggingface_hub and
+    bitsandbytes read (the names their code passes to os.environ / os.getenv): what a user's environment holds."""
+    import importlib.util
+    read = re.compile(r"""(?:environ\.get|getenv|environ\[|environ\.setdefault|environ\.pop)\(?\s*["']([A-Z][A-Z0-9_]*)["']""")
+    names = set()
+    for package in ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "huggingface_hub", "bitsandbytes"):
+        for folder, _, files in os.walk(os.path.dirname(importlib.util.find_spec(package).origin)):
+            for name in files:
+                if name.endswith(".py"):
+                    with open(os.path.join(folder, name), errors="ignore") as f:
+                        names.update(read.findall(f.read()))
+    return names
+
+
+REALISTIC = dict(PATH=os.environ.get("PATH", "/usr/bin"), HOME=os.environ.get("HOME", "/root"), CUDA_VISIBLE_DEVICES="0",
+                 WANDB_PROJECT="tarpo", WANDB_ENTITY="lab", WANDB_RUN_NAME="math-7b", WANDB_MODE="offline",
+                 OMP_NUM_THREADS="8", MKL_NUM_THREADS="8", MASTER_ADDR="127.0.0.1", MASTER_PORT="29511", RANK="0",
+                 LOCAL_RANK="0", WORLD_SIZE="1", NODE_RANK="0", GROUP_RANK="0", PYTHON=sys.executable,
+                 TOKENIZERS_PARALLELISM="false", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", NCCL_DEBUG="WARN",
+                 TORCH_HOME="/tmp/torch", TRITON_CACHE_DIR="/tmp/triton", ACCELERATE_LOG_LEVEL="info",
+                 ACCELERATE_MIXED_PRECISION="bf16", TARPO_TEST_REWARD="1", SLURM_JOB_ID="1", SLURM_PROCID="0",
+                 JOB_NAME="nightly", BUILD_NUMBER="7", CI="true", GITHUB_ACTION="run", GITHUB_RUN_ID="1",
+                 LOG_LEVEL="INFO", MAX_JOBS="4", DATA_DIR="/data", MODEL_DIR="/models", MPLBACKEND="Agg",
+                 TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0", CUBLAS_WORKSPACE_CONFIG=":4096:8", LANG="C.UTF-8",
+                 TMPDIR="/tmp", VIRTUAL_ENV="/venv", http_proxy="", no_proxy="localhost")
+
+
+def test_a_realistic_environment_is_not_taken_for_misspelt_variables():
+    """The rule (tarpo.runs.presets.misspelt) leaves alone what other programs read: the variables of a GPU job,
+    of a cluster and of CI, and every name torch and the Hugging Face libraries read."""
+    from tarpo.runs.presets import FAMILIES, SETTINGS, VARIABLES, misspelt
+
+    names = environment_names_of_the_libraries() - set(VARIABLES) - set(SETTINGS)  # RANK, LOCAL_RANK: read alike
+    assert {"CUDA_VISIBLE_DEVICES", "HF_HOME", "ACCELERATE_USE_CPU", "TORCHINDUCTOR_CACHE_DIR"} <= names
+    assert misspelt({**{name: "1" for name in names}, **REALISTIC}) == []
+    assert all(any(k.startswith(word + "_") for k in (*VARIABLES, *SETTINGS)) for word in FAMILIES)
+    cfg = dry_run("run_math.sh", **REALISTIC)  # and the launcher runs in it
+    assert cfg["trainer"]["importance_sampling_level"] == "token"
 
 
 ACCELERATE = ["-m", "accelerate.commands.launch"]
@@ -358,7 +420,7 @@ def test_gsm8k_launcher_end_to_end_with_a_tiny_model_then_plot_and_case(tmp_path
     import torch
     from tarpo.config import TarpoConfig
     saved = torch.load(run / "adapter" / "training_args.bin", weights_only=False)  # the Trainer's record of the run
-    assert saved.to_dict() == TarpoConfig(**launched["trainer"], report_to="none").to_dict()  # every field
+    assert saved.to_dict() == TarpoConfig(**launched["trainer"]).to_dict()  # every field
     assert (run / "adapter" / "adapter_config.json").exists() and (run / "adapter" / "router.safetensors").exists()
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(s.get("rewards/correct_gsm8k/timeouts") == 0 for s in steps if "loss" in s)  # counted, none here

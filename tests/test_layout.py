@@ -205,11 +205,22 @@ def test_the_sampling_defaults_of_the_rollout_and_the_commands_are_the_configs()
 
 
 def test_the_three_launchers_share_one_body_that_lists_every_variable():
-    from tarpo.runs.presets import SETTINGS, VARIABLES
+    """scripts/launch.sh names every variable, every ALGO and MODEL preset, and the first words of the misspelling
+    rule; its comments say what a variable takes, never its default, which DRY_RUN=1 prints (the presets)."""
+    from tarpo.routing import ALGOS
+    from tarpo.runs.presets import FAMILIES, MODELS, SETTINGS, VARIABLES
 
     body = open(os.path.join(ROOT, "scripts", "launch.sh")).read()
     listed = set(re.findall(r"^([A-Z_0-9]+)=\$\{\1:-\}", body, flags=re.M))
     assert listed == set(VARIABLES) | set(SETTINGS)
+    comments = dict(re.findall(r"^([A-Z_0-9]+)=\$\{\1:-\} *#(.*(?:\n {20,}#.*)*)", body, flags=re.M))
+    assert set(re.findall(r"\w+", comments["ALGO"])) >= set(ALGOS)
+    assert set(re.findall(r"[\w.-]+", comments["MODEL"])) >= set(MODELS)
+    restated = {name: text for name, text in comments.items()
+                if re.search(r"\bdefault\b(?! = [A-Z])|\(\d[\d.e-]*( h)?\)|(paper|HRPO's): \d", text)}
+    assert restated == {}, "defaults restated in scripts/launch.sh (DRY_RUN=1 prints them)"
+    header = body[:body.index("set -euo pipefail")]
+    assert all(f"{word}_" in header for word in FAMILIES)
     for dataset in ("gsm8k", "math", "dapo"):
         launcher = open(os.path.join(ROOT, f"run_{dataset}.sh")).read()
         assert launcher.rstrip().endswith(f'exec bash "$(dirname "$0")/scripts/launch.sh" {dataset}')

@@ -137,13 +137,19 @@ def check_trainer(cfg: dict, cuda: bool) -> None:
     batch = cfg["trainer"]["per_device_train_batch_size"] * cfg["num_processes"]
     with tempfile.TemporaryDirectory() as scratch:  # nothing may appear in the run folder yet
         try:
-            TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch,
-                           "per_device_train_batch_size": batch}, report_to="none")
+            args = TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch,
+                                  "per_device_train_batch_size": batch})
             engine_for(cfg["trainer"].get("rollout_engine", "auto"), cuda, "ENGINE")
             resolve_backend(cfg["backend"])
         except ValueError as exc:
             raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
                                     lambda m: f"{variable_of(m[1]) or 'TarpoConfig.' + m[1]}=", str(exc))) from None
+    try:  # REPORT_TO: callbacks that the Trainer makes; one whose package is not installed raises here, not there
+        from transformers.integrations import get_reporting_integration_callbacks
+        for callback in get_reporting_integration_callbacks(args.report_to):
+            callback()
+    except (ValueError, RuntimeError, ImportError) as exc:
+        raise ValueError(f"REPORT_TO={cfg['trainer']['report_to']!r}: {exc}") from None
 
 
 def plan_memory(cfg: dict, cuda: bool) -> None:
@@ -227,7 +233,7 @@ def train(cfg: dict) -> str:
     run_dir, main = cfg["run_dir"], process_rank() == 0
     # validates every field before the model loads; BF16=1 without CUDA: bf16 mixed precision on the CPU
     cpu_bf16 = {"use_cpu": True} if cfg["trainer"]["bf16"] and not torch.cuda.is_available() else {}
-    args = TarpoConfig(**cfg["trainer"], report_to="none", **cpu_bf16)
+    args = TarpoConfig(**cfg["trainer"], **cpu_bf16)  # report_to: REPORT_TO, none by default
     adapter, gate = os.path.join(run_dir, "adapter"), ROUTINGS[args.routing].gate
     done = finished_step(run_dir, args.max_steps, args.num_train_epochs, gate=gate)
     if done is not None:  # a re-run of a finished run: nothing is loaded, trained or written

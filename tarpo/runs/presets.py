@@ -13,6 +13,7 @@ A run is a data set preset (GSM8K, MATH, DAPO-Math-17k), a model preset and an a
 
 from __future__ import annotations
 
+import difflib
 import os
 
 from ..routing import ALGOS
@@ -83,7 +84,7 @@ LORA_TARGET_PRESETS = {
 COMMON_FIELDS = ("learning_rate", "router_lr", "action_bias", "num_train_epochs", "beta", "alpha_action_kl",
                  "lambda_act", "temperature", "action_temperature", "soft_top_k", "max_grad_norm", "weight_decay",
                  "adam_beta2", "lr_scheduler_type", "warmup_steps", "lora_r", "lora_alpha", "lora_target_modules",
-                 "optim", "gradient_checkpointing", "logging_steps",
+                 "optim", "gradient_checkpointing", "logging_steps", "report_to",
                  # the loss variants and the mismatch correction (docs/algorithm.md §8): the paper's by default
                  "loss_type", "scale_rewards", "importance_sampling_level", "mask_truncated_completions", "epsilon",
                  "epsilon_high", "is_correction", "is_clip_min", "is_clip_max")
@@ -125,6 +126,16 @@ def _bound(s):
     return None if s.strip().lower() == "none" else float(s)
 
 
+def _integrations(s):
+    """TRL's ``report_to``: an integration of transformers' (tensorboard, wandb, ...), or several, comma-separated.
+
+    >>> _integrations("tensorboard"), _integrations("tensorboard, wandb")
+    ('tensorboard', ['tensorboard', 'wandb'])
+    """
+    names = _names(s)
+    return names[0] if len(names) == 1 else names
+
+
 def _bool(s):
     if s.lower() in ("1", "true", "yes"):
         return True
@@ -155,7 +166,7 @@ VARIABLES = {
     "IS_LEVEL": ("importance_sampling_level", str), "MASK_TRUNCATED": ("mask_truncated_completions", _bool),
     "EPSILON": ("epsilon", float), "EPSILON_HIGH": ("epsilon_high", float),
     "IS_CORRECTION": ("is_correction", str), "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
-    "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str),
+    "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str), "REPORT_TO": ("report_to", _integrations),
 }
 # launcher settings (not TarpoConfig fields)
 SETTINGS = {
@@ -164,6 +175,45 @@ SETTINGS = {
     "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str, "MICRO_BATCH": int, "CPU_MAX_HOURS": float,
     "NUM_MACHINES": int, "MACHINE_RANK": int, "MAIN_PROCESS_IP": str, "MAIN_PROCESS_PORT": int,
 }
+# ---- names a user may try for a variable (refused by resolve(), since the launcher ignores unknown names)
+# TarpoConfig's (TRL's) name of a field, where the variable's name differs: IMPORTANCE_SAMPLING_LEVEL -> IS_LEVEL
+ALIASES = {field.upper(): name for name, (field, _) in VARIABLES.items() if field.upper() != name}
+# first words that begin the launcher's names of TARPO's settings and no other program's variable
+FAMILIES = ("ACTION", "ENTROPY", "EPSILON", "GUMBEL", "HRPO", "LORA", "NOISE", "ROUTER", "SOFT")
+
+
+def misspelt(env: dict[str, str]) -> list[str]:
+    """One refusal for each variable of ``env`` that is meant for the launcher but that it does not know, naming
+    what was meant. A name (upper-cased) that is not a launcher variable is taken for a slip when it is
+
+    1. a variable's name in another case, or the TarpoConfig field a variable sets (:data:`ALIASES`);
+    2. a launcher name misspelt: difflib's ratio >= 0.85 to a variable or alias (LAMDA, EPOCH, MAX_STEP);
+    3. a name that begins with a word of :data:`FAMILIES` and another word: suggested, that family's variables.
+
+    Other programs' variables (PATH, CUDA_VISIBLE_DEVICES, WANDB_*, MASTER_PORT, ...) match none of these, and
+    an empty value, which no variable acts on, is never refused.
+
+    >>> misspelt({"GUMBEL_TAU": "0", "PATH": "/bin", "lr": ""})
+    ['GUMBEL_TAU=0: not a launcher variable, so it would be ignored; did you mean GUMBEL_TEMPERATURE?']
+    """
+    known = {*VARIABLES, *SETTINGS}
+    refusals = []
+    for raw, value in env.items():
+        name = raw.upper()
+        if raw in known or value == "":
+            continue
+        if name in known or name in ALIASES:
+            meant = [ALIASES.get(name, name)]
+        elif "_" in name and name.split("_")[0] in FAMILIES:
+            family = [k for k in sorted(known) if k.split("_")[0] == name.split("_")[0]]
+            meant = difflib.get_close_matches(name, family, n=len(family), cutoff=0)
+        else:
+            meant = [ALIASES.get(m, m) for m in difflib.get_close_matches(name, [*known, *ALIASES], 1, 0.85)]
+        if meant:
+            options = meant[0] if len(meant) == 1 else f"{', '.join(meant[:-1])} or {meant[-1]}"
+            refusals.append(f"{raw}={value}: not a launcher variable, so it would be ignored; did you mean {options}?")
+    return refusals
+
 
 
 def looks_like_path(name: str) -> bool:
@@ -248,6 +298,11 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
     (empty or absent = the preset). Raises ``ValueError`` naming the bad variable."""
     if dataset not in DATASETS:
         raise ValueError(f"dataset {dataset!r}: known {', '.join(DATASETS)}")
+    slips = misspelt(env)  # every one at once, before anything else is read
+    if slips:
+        unset = " ".join(f"-u {slip.split('=')[0]}" for slip in slips)
+        raise ValueError("; ".join(slips) + f" (scripts/launch.sh lists the variables; for another program's: env {unset} "
+                         f"bash run_{dataset}.sh)")
     env = {k: v for k, v in env.items() if (k in VARIABLES or k in SETTINGS) and v != ""}
     s = {k: _parse(k, SETTINGS[k], v) for k, v in env.items() if k in SETTINGS}
     if s.get("BACKEND", "auto") not in ("auto", "hf", "unsloth"):
