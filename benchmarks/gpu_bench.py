@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_loop import reference_generate  # noqa: E402
 
 from tarpo.config import TarpoConfig  # noqa: E402
-from tarpo.cli.eval import package_versions  # noqa: E402  (imports tarpo.training.trainer: TRL's class before unsloth)
+from tarpo.evaluation.results import package_versions  # noqa: E402
 from tarpo.files import write_json_atomic, write_text_atomic  # noqa: E402
 from tarpo.models.backends import make_backbone  # noqa: E402
 from tarpo.models.loading import lora_config, resolve_backend  # noqa: E402

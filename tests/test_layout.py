@@ -119,6 +119,42 @@ def test_an_upward_import_is_found():
     assert layer("tarpo.patches.trl_guard") < layer("tarpo.models.loading") < layer("tarpo.cli.eval")
 
 
+def training_imports(name: str, source: str, is_package: bool = False) -> set[str]:
+    """The ``tarpo.training`` modules that ``source`` (the module ``name``) imports anywhere in it, relative
+    imports resolved: ``from .. import training`` in ``tarpo.cli.case`` is ``tarpo.training``."""
+    package = name if is_package else name.rsplit(".", 1)[0]
+    inside = lambda m: m == "tarpo.training" or m.startswith("tarpo.training.")  # noqa: E731
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            out |= {module} if inside(module) else {f"{module}.{a.name}" for a in node.names if inside(f"{module}.{a.name}")}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if inside(a.name)}
+    return out
+
+
+def test_no_cli_module_imports_training():
+    """The command parses flags and calls evaluation (or the runs); the trainer's rules reach it through
+    evaluation, which shares training's layer, so the layer test alone would let cli -> training pass."""
+    cli = {name: path for name, path in modules().items() if name == "tarpo.cli" or name.startswith("tarpo.cli.")}
+    assert {"tarpo.cli", "tarpo.cli.eval", "tarpo.cli.case"} <= set(cli)
+    found = {name: training_imports(name, open(path).read(), path.endswith("__init__.py")) for name, path in cli.items()}
+    assert {name: sorted(targets) for name, targets in found.items() if targets} == {}
+
+
+def test_a_cli_import_of_training_is_found():
+    case = "tarpo.cli.case"
+    assert training_imports(case, "from ..training.objective import group_advantages\n") == {"tarpo.training.objective"}
+    assert training_imports(case, "from .. import evaluation, training\n") == {"tarpo.training"}
+    assert training_imports(case, "import tarpo.training.distributed as d\n") == {"tarpo.training.distributed"}
+    assert training_imports(case, "def run():\n    from tarpo.training import trainer\n") == {"tarpo.training"}
+    assert training_imports("tarpo.cli", "from ..training import trainer\n", is_package=True) == {"tarpo.training"}
+    assert training_imports("tarpo.cli", "from .training import x\n", is_package=True) == set()  # tarpo.cli.training
+    assert training_imports(case, "from ..evaluation.case_study import case_study\nimport tarpo.trainingset\n") == set()
+
+
 def body_lines(node) -> int:
     body = node.body
     if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):

@@ -1,1 +1,2 @@
-"""Sampling a trained system, metrics, trajectory files, the paper's tables, curves."""
+"""Evaluating a trained system: the pipeline of ``tarpo eval`` (planning, sampling across ranks, results with
+provenance), case studies, sampling, metrics, trajectory files, the paper's tables, curves."""

@@ -1,0 +1,40 @@
+"""The system an inference mode evaluates: the base model, its adapter, and the trained router or
+HRPO gate the mode reads (docs/algorithm.md §3, §7). ``tarpo eval`` and ``tarpo case`` check and
+load it the same way."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..engine.latent import HRPO_WEIGHTS
+from ..engine.router import ROUTER_WEIGHTS
+from ..models.loading import load_gate, load_trained
+from ..routing import MODES
+
+
+def check_system(adapter: str | None, mode: str) -> None:
+    """The adapter folder holds what the inference mode needs (checked before loading)."""
+    if adapter is not None and not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+        raise ValueError(f"--adapter {adapter}: no adapter_config.json there (not a saved adapter)")
+    rule = MODES[mode].rule
+    if rule.router and not (adapter and os.path.isfile(os.path.join(adapter, ROUTER_WEIGHTS))):
+        raise ValueError(f"--mode {mode} needs a trained router: --adapter must hold {ROUTER_WEIGHTS}")
+    if rule.gate and not (adapter and os.path.isfile(os.path.join(adapter, HRPO_WEIGHTS))):
+        raise ValueError(f"--mode {mode} needs a trained HRPO gate: --adapter must hold {HRPO_WEIGHTS}")
+
+
+def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "auto", action_temperature=None,
+                backend: str = "hf", device=None):
+    """(model, router or None, HRPO gate or None, tokenizer, device) for an inference mode, on
+    ``device`` (default CUDA when available); ``auto`` dtype = bfloat16 on CUDA, float32 on CPU."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype if dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    model, router, tokenizer = load_trained(model_path, adapter, dtype=dtype, device=device, backend=backend)
+    model.eval()
+    if router is not None and action_temperature is not None:
+        router.temperature = action_temperature
+    rule = MODES[mode].rule
+    gate = load_gate(adapter, device) if rule.gate else None
+    return model, (router if rule.router else None), gate, tokenizer, device
