@@ -31,9 +31,10 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
-from .config import TarpoConfig, add_flags, default
+from .config import ENGINES, TarpoConfig, add_flags, default
 from .engine.rollout import RolloutSpec
 from .evaluation.plot import plot_runs
+from .files import publish_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from .evaluation.sample import sample, score_records, summarize
 from .models.loading import load_trained
 from .routing import ALGOS, MODES
@@ -69,7 +70,7 @@ def warm_start(cache_dir: str, sft_steps: int, seed: int, noise: float, lr: floa
     tokenizer.save_pretrained(tmp)
     open(os.path.join(tmp, "DONE"), "w").close()
     if not os.path.exists(folder):  # a concurrent run may have finished first; keep its copy
-        os.replace(tmp, folder)
+        publish_folder(tmp, folder)
     _log(f"warm-started model saved to {folder}")
     return folder
 
@@ -185,8 +186,7 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
         rollout_engine=args.engine, is_correction=args.is_correction, gumbel_temperature=args.gumbel_temperature,
     )
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        f.write(config.to_json_string())
+    write_text_atomic(os.path.join(out_dir, "config.json"), config.to_json_string())
     log_path = os.path.join(out_dir, "metrics.jsonl")
     open(log_path, "w").close()
     train = load_task("arith", split="train")
@@ -212,9 +212,7 @@ def evaluate_system(name: str, base: str, adapter: str | None, args) -> dict:
         records = sample(model, router, tokenizer, examples, args.eval_n, spec, mode=mode,
                          max_prompt_length=256, batch_size=128, progress=bar)
     records = score_records(records, examples)
-    with open(os.path.join(args.out, f"eval_{name}.jsonl"), "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+    write_jsonl_atomic(os.path.join(args.out, f"eval_{name}.jsonl"), records)
     metrics = summarize(records, (1, args.eval_n))
     return {"pass@1": metrics["pass@1"], "pass@k": metrics[f"pass@{args.eval_n}"], "k": args.eval_n, **metrics}
 
@@ -228,8 +226,11 @@ def render_table(summary: dict, k: int) -> str:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=None, help="run folder (default runs/demo-<time>)")
+    class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        pass  # the module docstring as written, and every flag's default (run_demo.sh restates none)
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=Help)
+    ap.add_argument("--out", default=None, help="run folder (default runs/demo-<time>-seed<seed>)")
     ap.add_argument("--cache-dir", default=os.path.join("runs", "cache"), help="where the warm start is kept")
     ap.add_argument("--seed", type=int, default=0, help="seed of RL and evaluation")
     ap.add_argument("--warm-seed", type=int, default=0, help="seed of the warm start (shared across --seed runs)")
@@ -249,7 +250,7 @@ def parse_args(argv=None):
     ap.add_argument("--eval-questions", type=int, default=300)
     ap.add_argument("--eval-n", type=int, default=8, help="samples per test question (k of pass@k)")
     ap.add_argument("--algos", default="grpo,tarpo", help="RL systems to train and evaluate besides CoT")
-    ap.add_argument("--engine", default="auto", choices=["auto", "eager", "compiled"],
+    ap.add_argument("--engine", default="auto", choices=ENGINES,
                     help="rollout engine of the RL runs (docs/rollout-engines.md); auto: the one whose cost the "
                          "run repays, decided after the first rollout (tarpo/engine/engine_choice.py)")
     add_flags(ap, ["is_correction", "gumbel_temperature"])  # docs/algorithm.md §8 (benchmarks/demo_variants.py)
@@ -275,10 +276,9 @@ def main(argv=None) -> str:
             raise ValueError(f"--algos {a!r}: the demo trains {', '.join(x for x in ALGOS if not ALGOS[x].gate)}")
     workers = max(1, min(args.workers or cores, cores, len(algos) + 1))
     args.threads = max(1, cores // workers)
-    args.out = args.out or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S"))
+    args.out = args.out or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S") + f"-seed{args.seed}")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(vars(args), f, indent=2)
+    write_json_atomic(os.path.join(args.out, "config.json"), vars(args))
     started = time.time()
     torch.set_num_threads(cores)
     base = warm_start(args.cache_dir, args.sft_steps, args.warm_seed, args.sft_noise, batch_size=args.sft_batch)
@@ -294,11 +294,9 @@ def main(argv=None) -> str:
     if algos:  # the training curves of the RL runs, as `tarpo plot` draws them
         plot_runs([os.path.join(args.out, a) for a in algos], algos, os.path.join(args.out, "curves.png"))
     table = render_table(summary, args.eval_n)
-    with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write(table + "\n")
+    write_text_atomic(os.path.join(args.out, "table.md"), table + "\n")
     path = os.path.join(args.out, "summary.json")
-    with open(path, "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json_atomic(path, summary)
     print(table)
     _log(f"done in {time.time() - started:.0f} s")
     print(os.path.abspath(path))

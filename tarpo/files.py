@@ -1,9 +1,14 @@
-"""Atomic file writes: a failed or killed run never leaves a half-written output file."""
+"""Atomic file writes: a failed or killed run never leaves a half-written output file or folder.
+
+Every file the project publishes goes through :func:`atomic_path` (written under a temporary name beside
+it, then renamed into place); a folder through :func:`publish_folder`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
 
 
@@ -14,21 +19,64 @@ def default_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it into place; the file
-    gets the same mode as any other file the run writes (the user's umask)."""
+@contextlib.contextmanager
+def atomic_path(path: str):
+    """A temporary path beside ``path`` (same suffix, so that writers that read it, matplotlib's, pick the
+    format) to write in; renamed to ``path`` when the block ends, removed if it raises. The file gets the
+    mode of any other file the run writes (the user's umask)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1])
+    os.fchmod(fd, default_mode())
+    os.close(fd)
     try:
-        os.fchmod(fd, default_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def write_json_atomic(path: str, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def write_jsonl_atomic(path: str, rows) -> None:
+    """One JSON object a line."""
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def fsync(path: str) -> None:
+    """Flush a file or folder to the disk (a folder that cannot be flushed is skipped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def publish_folder(staged: str, final: str) -> None:
+    """Make the complete folder ``staged`` appear as ``final`` at once (replacing what is there)."""
+    for root, _, names in os.walk(staged):
+        for name in names:
+            fsync(os.path.join(root, name))
+        fsync(root)
+    parent, name = os.path.split(os.path.abspath(final))
+    old = None
+    if os.path.lexists(final):  # e.g. an incomplete checkpoint-N of an older version: set it aside first
+        old = os.path.join(parent, f".{name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(staged, final)
+    fsync(parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..files import atomic_path
+
 PANELS = [("entropy", "training entropy (nats)"), ("completions/mean_units", "training units (hard + soft)"),
           ("reward", "training reward"), ("soft_ratio", "soft ratio")]
 
@@ -68,9 +70,7 @@ def plot_runs(runs: list[str], labels: list[str], out: str, smooth: int = 10) ->
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = out + ".tmp.png"
-    fig.savefig(tmp, dpi=120)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, out)
     return out

@@ -36,6 +36,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from ..config import default
+
 GIB = 2 ** 30
 GPU_80GB = 79.1 * GIB      # what torch.cuda.mem_get_info reports as the total of an 80 GB A100/H100
 MARGIN = 0.04              # of the total: CUDA context, cuBLAS workspaces, allocator fragmentation
@@ -69,11 +71,11 @@ class Run:
     completion: int            # max_completion_length
     engine: str = "compiled"   # rollout engine: compiled (a static cache of the bucketed length) or eager
     backend: str = "hf"        # hf or unsloth (offloads its gradient checkpoints to CPU memory)
-    soft_top_k: int = 30
+    soft_top_k: int = default("soft_top_k")
     full_mix: bool = False     # soft steps record a d-wide fp32 mixture (HRPO "full", Soft Tokens)
     gate: bool = False         # HRPO's gate: 2 d x d fp32 maps and Λ
     optim_8bit: bool = True    # 8-bit AdamW: 2 bytes of moments per LoRA parameter, else 8
-    chunk: int = 1024          # logprob_chunk_size
+    chunk: int = default("logprob_chunk_size")
     full_kl: bool = False      # token_kl="full": a second fp32 [chunk, V] set for the reference
     checkpointing: bool = True
     weight_bytes: int = 2      # bf16; 4 for an fp32 (CPU) run

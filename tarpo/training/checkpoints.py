@@ -27,6 +27,8 @@ import os
 import re
 import shutil
 
+from ..files import publish_folder as publish  # what a checkpoint save publishes with (tarpo.files)
+
 MANIFEST = "checkpoint_manifest.json"
 FINAL_STATE = "final_state.json"
 TRAINER_STATE = "trainer_state.json"
@@ -113,34 +115,6 @@ def write_manifest(folder: str) -> None:
                 files[rel] = os.path.getsize(path)
     with open(os.path.join(folder, MANIFEST), "w") as f:
         json.dump({"files": dict(sorted(files.items()))}, f, indent=1)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems cannot fsync a folder
-        pass
-    finally:
-        os.close(fd)
-
-
-def publish(staged: str, final: str) -> None:
-    """Make the complete folder ``staged`` appear as ``final`` at once (replacing what is there)."""
-    for root, _, names in os.walk(staged):
-        for name in names:
-            _fsync(os.path.join(root, name))
-        _fsync(root)
-    parent, name = os.path.split(os.path.abspath(final))
-    old = None
-    if os.path.lexists(final):  # e.g. an incomplete checkpoint-N of an older version: set it aside first
-        old = os.path.join(parent, f".{name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(staged, final)
-    _fsync(parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager
