@@ -31,23 +31,23 @@ import torch
 from transformers import DynamicCache
 
 from ..config import ENGINES, ENTROPY_SIDES, default
-from ..routing import ROUTINGS, TOP_K, routing_rule
-from . import tag_automaton
+from ..routing import routing_rule
 from .backbone import Backbone, positions_from_mask
 from .engine_choice import engine_for
 from .grouped_attention import grouped_decode_attention_on
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .sampling import row_keys
 from .static_decode import compiled_generate
-from .step import StepSettings, hybrid_step, new_state, step_gate
+from .step import DecodeContext, hybrid_step, new_state
 
 __all__ = ["RolloutSpec", "Rollout", "hybrid_generate", "release_cache"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutSpec:
     """Decode settings, defaults those of :class:`tarpo.config.TarpoConfig`; :meth:`from_config`
-    reads them from a config."""
+    reads them from a config. Frozen: the decode step reads them as they are, from the rollout's
+    :class:`tarpo.engine.step.DecodeContext` (the compiled engine's graph specialises on them)."""
 
     max_new_tokens: int
     temperature: float = default("temperature")
@@ -96,13 +96,15 @@ def hybrid_generate(
     piece,
     eos_token_ids,
     pad_token_id: int,
+    *,
     generator: torch.Generator | None = None,
     latent=None,
     noise_seed: int | None = None,
     row_ids: torch.Tensor | None = None,
     lockstep=None,
 ) -> Rollout:
-    """Decode a batch of left-padded prompts with per-step hard/soft inputs.
+    """Decode a batch of left-padded prompts with per-step hard/soft inputs. What every step reads is
+    gathered once into a :class:`tarpo.engine.step.DecodeContext` that the engines pass on.
 
     ``spec.engine`` picks the engine: ``"eager"``, this module's loop through the backend's own decode, the
     reference; ``"compiled"``, :mod:`tarpo.engine.static_decode` over the model's own tensors, any backend;
@@ -128,15 +130,12 @@ def hybrid_generate(
             :class:`tarpo.engine.latent.GaussianSoftTokens` (routing ``soft_tokens``) or
             :class:`tarpo.engine.latent.GumbelTopK` (routing ``learned_gumbel``).
     """
-    r = ROUTINGS[spec.routing]
-    if r.router and router is None:
-        raise ValueError(f"routing={spec.routing!r} needs a router")
-    if r.soft_input != TOP_K and latent is None:
-        raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise / "
-                         "Gumbel temperature)")
     engine = engine_for(spec.engine, backbone.embed_weight.device.type == "cuda")
+    keyed = engine == "compiled" or noise_seed is not None  # else the steps draw from `generator`
+    c = DecodeContext.build(spec, backbone, router, latent, piece, eos_token_ids, pad_token_id, prompt_ids.device,
+                            generator=None if keyed else generator)
     keys = None
-    if engine == "compiled" or noise_seed is not None:
+    if keyed:
         if noise_seed is None:
             noise_seed = int(torch.randint(2 ** 62, (), generator=generator,
                                            device=generator.device if generator is not None else "cpu"))
@@ -144,14 +143,11 @@ def hybrid_generate(
             row_ids = torch.arange(prompt_ids.shape[0])
         keys = row_keys(noise_seed, row_ids.to(prompt_ids.device))
     if engine == "compiled":
-        return compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids,
-                                 pad_token_id, keys, latent, lockstep)
-    compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
+        return compiled_generate(c, prompt_ids, prompt_mask, keys, lockstep)
     cache = DynamicCache(config=backbone.config)
     try:
         with backbone.decoding(), _grouped_attention(backbone):
-            return _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
-                           generator, latent, compact, keys, lockstep, cache)
+            return _decode(c, prompt_ids, prompt_mask, keys, lockstep, cache)
     finally:
         release_cache(cache)
 
@@ -173,16 +169,14 @@ def _grouped_attention(backbone):
     return grouped_decode_attention_on(backbone.config)
 
 
-def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id, generator,
-            latent, compact, keys, lockstep, cache) -> Rollout:
-    """The eager engine: :func:`tarpo.engine.step.hybrid_step` on the rows still running, a dynamic cache."""
-    device = prompt_ids.device
+def _decode(c: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) -> Rollout:
+    """The eager engine: :func:`tarpo.engine.step.hybrid_step` on the rows still running, a dynamic cache.
+    Finished rows are dropped at the end checks unless the spec, the backbone (``fixed_batch``) or
+    ``lockstep`` keeps the batch whole."""
+    device, spec, backbone = prompt_ids.device, c.spec, c.backbone
     B, T, E = prompt_ids.shape[0], spec.max_new_tokens, backbone.embed_weight
-    c = StepSettings.of(spec, pad_token_id, latent)
-    gate = step_gate(spec.routing, latent)
-    eos = torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=device)
-    next_tag, hit_tag = tag_automaton.tables(piece, spec.answer_tag, backbone.lm_head.weight.shape[0], device)
-    rec = new_records(B, T, spec.soft_top_k, E.shape[1] if c.full_mix else 0, pad_token_id, device)
+    compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
+    rec = new_records(B, T, spec.soft_top_k, E.shape[1] if c.full_mix else 0, c.pad_token_id, device)
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
 
     # The running sub-batch: `rows` maps its positions to the batch's rows. Rows that ended ride along
@@ -193,7 +187,7 @@ def _decode(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_id
     hidden = backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
     next_pos = pos[:, -1] + 1
     for t in range(T):
-        out = hybrid_step(c, backbone, router, gate, hidden, state, t, keys, generator, next_tag, hit_tag, eos)
+        out = hybrid_step(c, hidden, state, t, keys)
         for name, value in out.records.items():
             rec[name][rows, t] = value
         state, inputs, tokens = out.state, out.inputs, out.tokens

@@ -47,11 +47,10 @@ import os
 
 import torch
 
-from . import tag_automaton
 from . import functional_decoder
 from .backbone import Backbone, positions_from_mask
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
-from .step import StepSettings, hybrid_step, new_state, step_gate
+from .step import DecodeContext, hybrid_step, new_state
 
 CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
@@ -61,17 +60,18 @@ RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default,
 COMPILE_BACKEND_VARIABLE = "TARPO_COMPILE_BACKEND"
 
 
-def decode_step(backbone, weights, router, gate, c: StepSettings, buf, rec, cache, mask, next_tag, hit_tag, eos):
+def decode_step(c: DecodeContext, weights, buf, rec, cache, mask):
     """One decode step for every row: reads ``h_t`` and the loop state from ``buf``, writes
     ``rec[:, t]``, then ``h_{t+1}`` and the next state back into ``buf``; returns nothing.
 
     ``buf``: ``hidden`` [B, d], ``t`` (0-d long), ``slot`` (0-d long) the cache slot of the next input,
     ``pos`` [B] its position ids, the loop state of :func:`tarpo.engine.step.new_state` and ``keys`` [B] the
-    rows' noise keys. The decoder is :func:`tarpo.engine.functional_decoder.forward` over ``weights``, the
-    model's own tensors; ``backbone`` gives the embedding and the head.
+    rows' noise keys; ``rec``, ``cache``, ``mask``: the other buffers of :class:`StaticDecoder`. The decoder is
+    :func:`tarpo.engine.functional_decoder.forward` over ``weights``, the model's own tensors; the context's
+    backbone gives the embedding and the head.
     """
     t = buf["t"]
-    out = hybrid_step(c, backbone, router, gate, buf["hidden"], buf, t, buf["keys"], None, next_tag, hit_tag, eos)
+    out = hybrid_step(c, buf["hidden"], buf, t, buf["keys"])
     index = t.view(1)
     for name, value in out.records.items():
         rec[name].index_copy_(1, index, value.unsqueeze(1))
@@ -219,20 +219,16 @@ def check_fits(spec, prompt_ids) -> int:
 
 
 @torch.no_grad()
-def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eos_token_ids, pad_token_id,
-                      keys: torch.Tensor, latent, lockstep=None):
-    """:func:`tarpo.engine.rollout.hybrid_generate` with ``engine="compiled"`` (arguments checked there);
-    ``keys``: the rows' noise keys (:func:`tarpo.engine.sampling.row_keys`)."""
-    device = prompt_ids.device
+def compiled_generate(c: DecodeContext, prompt_ids, prompt_mask, keys: torch.Tensor, lockstep=None):
+    """:func:`tarpo.engine.rollout.hybrid_generate` with ``engine="compiled"``, in the rollout's context
+    ``c`` (``c.generator`` None); ``keys``: the rows' noise keys (:func:`tarpo.engine.sampling.row_keys`)."""
+    device, spec, backbone = prompt_ids.device, c.spec, c.backbone
     rows, P = prompt_ids.shape
     B = check_fits(spec, prompt_ids)
     T, E = spec.max_new_tokens, backbone.embed_weight
-    vocab = backbone.lm_head.weight.shape[0]
-    settings = StepSettings.of(spec, pad_token_id, latent)
-    gate = step_gate(spec.routing, latent)
     weights = functional_decoder.decoder_weights(backbone.model)  # the model's own tensors, whichever backend
     engine = StaticDecoder(backbone, weights, B, T, cache_length(P, T, spec.max_prompt_length), spec.soft_top_k,
-                           settings.full_mix, pad_token_id, device)
+                           c.full_mix, c.pad_token_id, device)
     if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs
         fill = B - rows
         prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(fill, -1)])
@@ -242,8 +238,6 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
         engine.buf["thinking"][rows:] = False
     engine.mask[:, :P] = prompt_mask
     engine.buf["keys"].copy_(keys)
-    next_tag, hit_tag = tag_automaton.tables(piece, spec.answer_tag, vocab, device)
-    eos = torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=device)
 
     pos = positions_from_mask(prompt_mask.long())
     hidden = functional_decoder.forward(weights, E[prompt_ids], pos, engine.cache, torch.arange(P, device=device),
@@ -253,8 +247,7 @@ def compiled_generate(backbone, router, prompt_ids, prompt_mask, spec, piece, eo
     engine.buf["slot"].fill_(P)
     del hidden
     step = compiled_step(device)
-    run = step_runner(lambda: step(backbone, weights, router, gate, settings, engine.buf, engine.rec, engine.cache,
-                                   engine.mask, next_tag, hit_tag, eos), device)
+    run = step_runner(lambda: step(c, weights, engine.buf, engine.rec, engine.cache, engine.mask), device)
     flag = _LateFlag()
     for t in range(T):
         run()

@@ -61,7 +61,7 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
         ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device)
         with mixed_precision(backbone):  # the precision training rolled out in (tarpo.engine.precision)
             out = hybrid_generate(backbone, router, ids, mask, spec, piece, stop,
-                                  tokenizer.pad_token_id, generator, latent=gate)
+                                  tokenizer.pad_token_id, generator=generator, latent=gate)
         for row, (ex, i) in enumerate(chunk):
             records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer, soft_detail)})
         if progress is not None:
