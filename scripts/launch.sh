@@ -45,12 +45,15 @@ ENTROPY_TEMPERATURE=${ENTROPY_TEMPERATURE:-}  # ALGO=grpo_entropy: entropy of so
 ENTROPY_SOFT_WHEN=${ENTROPY_SOFT_WHEN:-}  # ALGO=grpo_entropy: high (soft above the threshold) | low (below)
 NOISE_SCALE=${NOISE_SCALE:-}       # ALGO=soft_tokens: noise std / rms(E)
 GUMBEL_TEMPERATURE=${GUMBEL_TEMPERATURE:-}  # ALGO=tarpo_gumbel: tau_g of the soft steps' Gumbel-softmax weights
-LOSS_TYPE=${LOSS_TYPE:-}           # grpo (the paper) | dapo | dr_grpo | bnpo (docs/algorithm.md §8)
+LOSS_TYPE=${LOSS_TYPE:-}           # grpo (the paper) | dapo | dr_grpo | bnpo | cispo | sapo (docs/algorithm.md §8)
 SCALE_REWARDS=${SCALE_REWARDS:-}   # group | batch | none
 IS_LEVEL=${IS_LEVEL:-}             # clipped ratio per step: token | sequence (GSPO)
 MASK_TRUNCATED=${MASK_TRUNCATED:-} # 1: completions cut at MAX_COMPLETION_LENGTH stay out of the loss
 EPSILON=${EPSILON:-}               # clip range of the ratio
-EPSILON_HIGH=${EPSILON_HIGH:-}     # upper clip range (clip-higher; default = EPSILON)
+EPSILON_HIGH=${EPSILON_HIGH:-}     # upper clip range (clip-higher; default = EPSILON); LOSS_TYPE=cispo: the ratio's bound (ScaleRL: 5)
+SAPO_TEMPERATURE_POS=${SAPO_TEMPERATURE_POS:-}  # LOSS_TYPE=sapo: tau of the gate where A > 0
+SAPO_TEMPERATURE_NEG=${SAPO_TEMPERATURE_NEG:-}  # LOSS_TYPE=sapo: tau of the gate where A <= 0
+TOP_ENTROPY_QUANTILE=${TOP_ENTROPY_QUANTILE:-}  # the token term only at this top fraction of the steps by entropy; 1 = all (Beyond the 80/20 Rule: 0.2)
 IS_CORRECTION=${IS_CORRECTION:-}   # rollout/training mismatch: none | token_truncate | token_mask | sequence_truncate | sequence_mask
 IS_CLIP_MIN=${IS_CLIP_MIN:-}       # lower bound of the importance ratio; none: no bound
 IS_CLIP_MAX=${IS_CLIP_MAX:-}       # upper bound of the importance ratio; none: no bound

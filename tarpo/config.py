@@ -13,12 +13,12 @@ from dataclasses import MISSING, dataclass, field
 import torch
 from trl import GRPOConfig
 
+from .losses import LOSS_TYPES, LOSSES  # the loss variants' table owns their names
 from .routing import HRPO_MIXTURES, ROUTINGS
 
 TOKEN_KL_MODES = ("k3", "full")
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")  # tarpo.training.objective.aggregate
 SCALE_REWARDS = ("group", "batch", "none")       # tarpo.training.objective.group_advantages
-IS_LEVELS = ("token", "sequence")                # tarpo.training.objective.policy_gradient_term
+IS_LEVELS = ("token", "sequence")                # tarpo.losses.importance_ratio
 IS_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 ENTROPY_SIDES = ("high", "low")                  # 'entropy' routing: soft where the entropy is above / below
 ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.engine.rollout, tarpo.engine.static_decode)
@@ -48,7 +48,6 @@ PINNED = {
     "use_bias_correction_kl": (False, "the token KL is not weighted by an importance ratio"),
     "delta": (None, "no two-sided clipping bound"),
     "off_policy_mask_threshold": (None, "no off-policy sequence masking"),
-    "top_entropy_quantile": (1.0, "every step carries the policy gradient (no entropy masking)"),
     "entropy_coef": (0.0, "no entropy bonus"),
     "use_adaptive_entropy": (False, "no entropy bonus"),
     "router_aux_loss_coef": (None, "no MoE auxiliary loss is added"),
@@ -84,6 +83,7 @@ HONOURED = {
     "temperature", "top_p", "top_k",                     # tarpo.engine.rollout / tarpo.training.scoring
     "beta", "epsilon", "epsilon_high", "reward_weights",  # tarpo.training.objective, reward plumbing
     "loss_type", "scale_rewards", "importance_sampling_level", "mask_truncated_completions",  # tarpo.training.objective
+    "top_entropy_quantile", "sapo_temperature_neg", "sapo_temperature_pos",  # tarpo.training.objective, tarpo.losses
 }
 
 # Read only when a pinned field has another value, or in a mode this trainer never enters: no effect at any value.
@@ -95,8 +95,7 @@ INERT = {
         "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
         "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap")},
     **{name: "read only for other loss_type values" for name in (
-        "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
-        "vespo_lambda_neg")},
+        "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
     **{name: "read only with use_adaptive_entropy" for name in (
         "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")},
     **{name: "read only with sync_ref_model" for name in ("ref_model_mixup_alpha", "ref_model_sync_steps")},
@@ -140,11 +139,10 @@ class TarpoConfig(GRPOConfig):
     disable_dropout: bool = field(default=True, metadata={"help": "Dropout off so policy and reference score the same inputs identically."})
     # ---- inherited fields of the loss (docs/algorithm.md §8): the paper's values by default ----
     loss_type: str = field(
-        default="grpo", metadata={"help": "How the token, router and KL terms are aggregated, all the same way "
-                                          "(tarpo.training.objective.aggregate): 'grpo' (the paper) mean over "
-                                          "trajectories of (1/T_i) sum_t; 'dapo' sum over the generation batch's "
-                                          "units; 'dr_grpo' sum / (rows x max_completion_length); 'bnpo' sum over "
-                                          "this batch's units."})
+        default="grpo", metadata={"help": "The loss variant (tarpo.losses.LOSSES, docs/algorithm.md §8): the "
+                                          "surrogate of the token and router terms, and how they and the KL terms "
+                                          "are aggregated, all the same way. "
+                                          + "; ".join(f"'{t.name}': {t.help}" for t in LOSSES.values()) + "."})
     scale_rewards: str = field(
         default="group", metadata={"help": "Advantage scaling: 'group' (the paper) (r - group mean) / (group std + "
                                            "advantage_eps); 'batch' divides by the batch's std; 'none' by nothing."})
@@ -152,6 +150,11 @@ class TarpoConfig(GRPOConfig):
         default="token", metadata={"help": "Level of the clipped ratio of the token and router terms: 'token' (the "
                                            "paper) per step; 'sequence' (GSPO) one ratio per trajectory from the mean "
                                            "of its log-ratios."})
+    top_entropy_quantile: float = field(
+        default=1.0, metadata={"help": "rho of Beyond the 80/20 Rule (TRL's): the token term only at the top rho "
+                                       "of the batch's steps by the entropy of the token distribution (every "
+                                       "process's steps together); the router and KL terms keep every step. "
+                                       "1.0 (the paper): off; the 80/20 paper uses 0.2 (docs/algorithm.md §8)."})
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Leave completions that hit max_completion_length without an end token out "
                                          "of the loss (DAPO). The paper keeps them (False)."})
@@ -354,6 +357,11 @@ class TarpoConfig(GRPOConfig):
                 bad(name, f"must be one of {', '.join(allowed)}")
         if self.epsilon_high is not None and self.epsilon_high < 0:
             bad("epsilon_high", "must be >= 0")
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            bad("top_entropy_quantile", "must be in [0, 1] (1: every step)")
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            if not getattr(self, name) > 0:
+                bad(name, "must be > 0")
         for name in ("is_clip_min", "is_clip_max"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 bad(name, "must be > 0 (or None: no bound)")

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from helpers import BiasedBackbone, decode_kwargs, encode_prompts
 from tarpo.config import TarpoConfig
 from tarpo.engine.latent import GaussianSoftTokens, HrpoGate
 from tarpo.engine.mixture import build_inputs_embeds, normalised_full_mixture
-from tarpo.training.objective import tarpo_loss
+from tarpo.training.objective import LossSettings, tarpo_loss
 from tarpo.routing import ALGOS
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.sampling import filter_logits
@@ -99,15 +100,15 @@ def test_soft_tokens_noise_is_a_third_of_the_embedding_rms_and_the_likelihood_is
 def test_loss_terms_of_the_latent_baselines_by_hand():
     kw = dict(logp_act=torch.zeros(1, 3), p_hard=torch.ones(1, 3), kl_tok=torch.zeros(1, 3),
               kl_act=torch.zeros(1, 3), advantages=torch.tensor([2.0]), completion_mask=torch.ones(1, 3, dtype=bool),
-              is_soft=torch.tensor([[True, False, False]]), decided=torch.tensor([[True, True, False]]),
-              lambda_act=0.1, beta=0.0, alpha=1.0, use_router=False)
+              is_soft=torch.tensor([[True, False, False]]), decided=torch.tensor([[True, True, False]]))
+    settings = LossSettings(lambda_act=0.1, beta=0.0, alpha=1.0, use_router=False)
     logp = torch.tensor([[-1.0, -2.0, -3.0]])
-    tarpo, _ = tarpo_loss(logp_tok=logp, **kw)
+    tarpo, _ = tarpo_loss(settings, logp_tok=logp, **kw)
     assert tarpo.item() == pytest.approx(-(-2 - 3) * 2 / 3)  # the soft step's placeholder is out
-    hrpo, _ = tarpo_loss(logp_tok=logp, token_loss_on_soft=True, **kw)
+    hrpo, _ = tarpo_loss(replace(settings, token_loss_on_soft=True), logp_tok=logp, **kw)
     assert hrpo.item() == pytest.approx(-(-1 - 2 - 3) * 2 / 3)  # the blended token was fed: in
     latent = torch.tensor([[-10.0, 99.0, 99.0]])  # only the soft step's Gaussian term counts
-    soft_tokens, _ = tarpo_loss(logp_tok=logp, logp_latent=latent, **kw)
+    soft_tokens, _ = tarpo_loss(settings, logp_tok=logp, logp_latent=latent, **kw)
     assert soft_tokens.item() == pytest.approx(-(-2 - 3 - 10) * 2 / 3)
 
 

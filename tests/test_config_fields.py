@@ -10,7 +10,7 @@ from transformers import TrainingArguments
 from trl import GRPOConfig
 
 from tarpo.config import HONOURED, INERT, PINNED, TarpoConfig
-from tarpo.training.objective import group_advantages, k3, tarpo_loss
+from tarpo.training.objective import LossSettings, group_advantages, k3, tarpo_loss
 from tarpo.engine.rollout import RolloutSpec
 from tarpo.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer
@@ -26,7 +26,7 @@ GRPO_OWN = names(GRPOConfig) - names(TrainingArguments)
 # For each pinned field, a value a user might set that TRL and transformers accept.
 OTHER = {
     "multi_objective_aggregation": "normalize_then_sum", "use_bias_correction_kl": True,
-    "delta": 1.5, "off_policy_mask_threshold": 0.5, "top_entropy_quantile": 0.2, "entropy_coef": 0.01,
+    "delta": 1.5, "off_policy_mask_threshold": 0.5, "entropy_coef": 0.01,
     "use_adaptive_entropy": True, "router_aux_loss_coef": 0.001, "sync_ref_model": True, "use_vllm": True,
     "use_transformers_paged": True, "use_transformers_continuous_batching": True, "min_p": 0.05,
     "repetition_penalty": 1.1, "generation_kwargs": {"do_sample": True}, "cache_implementation": "static",
@@ -82,9 +82,9 @@ def test_the_default_loss_type_and_scale_rewards_are_trls_grpo_and_group():
     ref = -torch.rand(8, 6)
     beta = 0.05
     zeros = torch.zeros(8, 6)
-    ours, _ = tarpo_loss(logp_tok=logp, logp_act=zeros, p_hard=torch.ones(8, 6), kl_tok=k3(logp, ref), kl_act=zeros,
-                         advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=mask,
-                         lambda_act=0.1, beta=beta, alpha=1.0, use_router=False)
+    ours, _ = tarpo_loss(LossSettings(lambda_act=0.1, beta=beta, alpha=1.0, use_router=False), logp_tok=logp,
+                         logp_act=zeros, p_hard=torch.ones(8, 6), kl_tok=k3(logp, ref), kl_act=zeros,
+                         advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=mask)
     per_token = -torch.exp(logp - logp.detach()) * adv[:, None] + beta * k3(logp, ref)
     trl = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     g_ours, = torch.autograd.grad(ours, logp)
@@ -92,9 +92,11 @@ def test_the_default_loss_type_and_scale_rewards_are_trls_grpo_and_group():
     torch.testing.assert_close(g_ours, g_trl)
 
 
-@pytest.mark.parametrize("name, value", [("loss_type", "cispo"), ("scale_rewards", "row"),
+@pytest.mark.parametrize("name, value", [("loss_type", "vespo"), ("scale_rewards", "row"),
                                          ("importance_sampling_level", "step"), ("is_correction", "token"),
-                                         ("is_clip_max", 0.0), ("epsilon_high", -0.1), ("entropy_soft_when", "mid")])
+                                         ("is_clip_max", 0.0), ("epsilon_high", -0.1), ("entropy_soft_when", "mid"),
+                                         ("top_entropy_quantile", 1.5), ("top_entropy_quantile", -0.1),
+                                         ("sapo_temperature_pos", 0.0), ("sapo_temperature_neg", -1.0)])
 def test_a_bad_loss_or_routing_setting_is_refused_naming_it(tmp_path, name, value):
     with pytest.raises(ValueError, match=rf"^TarpoConfig\.{name}="):
         make_args(tmp_path, **{name: value})

@@ -15,7 +15,7 @@ MAX_FUNCTION_LINES = 60  # a function's body, its docstring not counted, in the 
 SHORT_FUNCTIONS = ("engine", "training")
 # The layers, lowest first: a module imports from its own layer or a lower one, never a higher one.
 LAYERS = [
-    {"tarpo.config", "tarpo.routing", "tarpo.files"},  # settings and the routing table: no torch model code
+    {"tarpo.config", "tarpo.routing", "tarpo.files", "tarpo.losses"},  # settings, the routing and loss tables: no model code
     {"tarpo.engine", "tarpo.tasks"},                   # the rollout; data and grading
     {"tarpo.patches", "tarpo.tiny"},                   # Unsloth's forward serving the engine; tiny test models
     {"tarpo.models"},                                  # loading a policy and its backend

@@ -1,8 +1,10 @@
-"""The loss variants and the rollout/training mismatch correction (docs/algorithm.md §5): each loss type
-against TRL 1.15's own ``GRPOTrainer._compute_loss`` for hard routing, the router term by hand, the
-importance ratios by hand, and every correction the identity where the two sides agree."""
+"""The loss variants and the rollout/training mismatch correction (docs/algorithm.md §8): each loss type of
+the registry (tarpo.losses.LOSSES) and the entropy masking against TRL 1.15's own ``GRPOTrainer._compute_loss``
+for hard routing, CISPO and SAPO on a worked example by hand, the router term by hand, the importance ratios
+by hand, and every correction the identity where the two sides agree."""
 
 import math
+import os
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -11,7 +13,8 @@ import torch
 from trl import GRPOTrainer
 
 from tarpo.config import IS_CORRECTIONS, LOSS_TYPES
-from tarpo.training.objective import aggregate, group_advantages, k3, mismatch_weights, tarpo_loss
+from tarpo.training.objective import (LossSettings, aggregate, group_advantages, high_entropy_mask, k3,
+                                      mismatch_weights, tarpo_loss)
 
 B, T = 4, 5
 
@@ -25,18 +28,23 @@ def batch(seed=0):
                 old=-torch.rand(B, T, generator=g) * 2, adv=torch.randn(B, generator=g), mask=mask)
 
 
-def trl_loss(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_high=0.28):
-    """TRL's own ``_compute_loss`` on an object that has what it reads; the log-probs stand in for the model's."""
+def trl_loss(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_high=0.28, entropies=None,
+             quantile=1.0, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05):
+    """TRL's own ``_compute_loss`` on an object that has what it reads; the log-probs (and the entropies) stand
+    in for the model's."""
+    entropies = torch.zeros_like(logp) if entropies is None else entropies
     fake = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp), None),
-        aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, entropies, None),
+        aux_loss_enabled=False, top_entropy_quantile=quantile, off_policy_mask_threshold=None,
         importance_sampling_level=level, beta=beta, loss_type=loss_type, epsilon_low=eps, epsilon_high=eps_high,
-        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1,
+                             sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg),
         use_vllm=False, vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1, max_completion_length=T, _entropy_bonus_enabled=False,
         accelerator=SimpleNamespace(num_processes=1, gather=lambda x: x, reduce=lambda x, reduction: x,
-                                    gather_for_metrics=lambda x: x),
+                                    gather_for_metrics=lambda x: x, pad_across_processes=lambda x, **k: x),
         _metrics=defaultdict(lambda: defaultdict(list)))
+    fake.get_high_entropy_mask = lambda *a: GRPOTrainer.get_high_entropy_mask(fake, *a)
     inputs = dict(prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
                   completion_ids=torch.zeros(B, T, dtype=torch.long), completion_mask=mask.long(), advantages=adv,
                   num_items_in_batch=mask.sum().float(), ref_per_token_logps=ref)
@@ -45,13 +53,13 @@ def trl_loss(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_hig
     return GRPOTrainer._compute_loss(fake, None, inputs)
 
 
-def ours(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_high=0.28, **kw):
+def ours(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_high=0.28, entropy_mask=None, **kw):
     zeros = torch.zeros_like(logp)
-    return tarpo_loss(logp_tok=logp, logp_act=zeros, p_hard=torch.ones_like(logp), kl_tok=k3(logp, ref), kl_act=zeros,
-                      advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=mask,
-                      lambda_act=0.5, beta=beta, alpha=1.0, use_router=False, old_logp_tok=old, clip_eps=eps,
-                      clip_eps_high=eps_high, loss_type=loss_type, level=level, max_completion_length=T,
-                      num_units=mask.sum().float(), **kw)[0]
+    settings = LossSettings(lambda_act=0.5, beta=beta, alpha=1.0, use_router=False, clip_eps=eps,
+                            clip_eps_high=eps_high, loss_type=loss_type, level=level, max_completion_length=T, **kw)
+    return tarpo_loss(settings, logp_tok=logp, logp_act=zeros, p_hard=torch.ones_like(logp), kl_tok=k3(logp, ref),
+                      kl_act=zeros, advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=mask,
+                      old_logp_tok=old, num_units=mask.sum().float(), entropy_mask=entropy_mask)[0]
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -92,13 +100,15 @@ def router_example():
 def test_the_router_term_is_aggregated_like_the_token_term(loss_type):
     mask, decided, logp_act, adv = router_example()
     zeros = torch.zeros(2, 4)
-    _, terms = tarpo_loss(logp_tok=zeros, logp_act=logp_act, p_hard=torch.ones(2, 4), kl_tok=zeros, kl_act=zeros,
-                          advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=decided,
-                          lambda_act=1.0, beta=0.0, alpha=0.0, loss_type=loss_type, max_completion_length=8,
-                          num_units=3.0)
+    _, terms = tarpo_loss(LossSettings(lambda_act=1.0, beta=0.0, alpha=0.0, loss_type=loss_type,
+                                       max_completion_length=8), logp_tok=zeros, logp_act=logp_act,
+                          p_hard=torch.ones(2, 4), kl_tok=zeros, kl_act=zeros, advantages=adv, completion_mask=mask,
+                          is_soft=torch.zeros_like(mask), decided=decided, num_units=3.0)
     row0, row1 = -(-0.1 - 2.0) * 1.0, -(-0.5) * -2.0  # sum_t over thinking steps of -log rho A
+    sapo0, sapo1 = -2.0 * 1.0 * 2, -(2.0 / 1.05) * -2.0  # on-policy -f(1) A = -(4/tau) sigmoid(0) A per step
     expected = {"grpo": (row0 / 4 + row1 / 2) / 2, "bnpo": (row0 + row1) / 6, "dr_grpo": (row0 + row1) / (2 * 8),
-                "dapo": (row0 + row1) / 3.0}[loss_type]
+                "dapo": (row0 + row1) / 3.0, "cispo": 0.2 * (row0 + row1) / 3.0,  # min(r = 1, eps_high = 0.2)
+                "sapo": (sapo0 / 4 + sapo1 / 2) / 2}[loss_type]
     torch.testing.assert_close(terms["loss_act"], torch.tensor(expected))
 
 
@@ -106,18 +116,151 @@ def test_sequence_level_router_ratio_is_the_mean_over_thinking_steps():
     mask, decided, logp_act, adv = router_example()
     old = logp_act - torch.tensor([[0.2, 0.4, 5.0, 5.0], [0.1, 5.0, 5.0, 5.0]])  # answer steps must not count
     zeros = torch.zeros(2, 4)
-    _, terms = tarpo_loss(logp_tok=zeros, logp_act=logp_act, p_hard=torch.ones(2, 4), kl_tok=zeros, kl_act=zeros,
+    _, terms = tarpo_loss(LossSettings(lambda_act=1.0, beta=0.0, alpha=0.0, clip_eps=10.0, level="sequence"),
+                          logp_tok=zeros, logp_act=logp_act, p_hard=torch.ones(2, 4), kl_tok=zeros, kl_act=zeros,
                           advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=decided,
-                          lambda_act=1.0, beta=0.0, alpha=0.0, old_logp_tok=zeros, old_logp_act=old, clip_eps=10.0,
-                          level="sequence")
+                          old_logp_tok=zeros, old_logp_act=old)
     r0, r1 = math.exp((0.2 + 0.4) / 2), math.exp(0.1)
     expected = ((-r0 * 1.0) * 2 / 4 + (-r1 * -2.0) * 1 / 2) / 2
     torch.testing.assert_close(terms["loss_act"], torch.tensor(expected))
 
 
 def test_aggregate_refuses_an_unknown_loss_type():
-    with pytest.raises(ValueError, match="loss_type='cispo'"):
-        aggregate(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "cispo")
+    with pytest.raises(ValueError, match="loss_type='vespo'"):
+        aggregate(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "vespo")
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_entropy_masking_equals_trls_top_entropy_quantile(loss_type, off_policy):
+    b = batch(3)
+    entropy = torch.rand(B, T, generator=torch.Generator().manual_seed(4)) * 3
+    keep = high_entropy_mask(entropy, b["mask"], 0.4)
+    assert 0 < keep.sum() < b["mask"].sum() and not (keep & ~b["mask"]).any()
+    old = b["old"] if off_policy else None
+    logp_a, logp_b, logp_c = (b["logp"].clone().requires_grad_(True) for _ in range(3))
+    a = ours(loss_type, "token", logp_a, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropy_mask=keep)
+    t = trl_loss(loss_type, "token", logp_b, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropies=entropy,
+                 quantile=0.4)
+    g_a, = torch.autograd.grad(a, logp_a)
+    torch.testing.assert_close(g_a, torch.autograd.grad(t, logp_b)[0])
+    if off_policy or loss_type in ("cispo", "sapo"):  # the surrogates of CISPO and SAPO are TRL's values as well
+        torch.testing.assert_close(a, t)
+    policy_only = ours(loss_type, "token", logp_c, old, b["ref"], b["adv"], b["mask"], beta=0.0, entropy_mask=keep)
+    g_c, = torch.autograd.grad(policy_only, logp_c)
+    assert torch.equal(g_c[~keep], torch.zeros_like(g_c[~keep])) and g_c[keep].abs().sum() > 0
+
+
+def worked_example():
+    """Row 0: three steps, ratios 2, 0.5, 3, A = 1.5; row 1: two steps and padding, ratios 1, 0.8, A = -1."""
+    p = torch.tensor([[0.5, 0.2, 0.9], [0.6, 0.4, 0.5]])
+    ratio = torch.tensor([[2.0, 0.5, 3.0], [1.0, 0.8, 1.0]])
+    steps = [(2.0, 0.5, 1.5, 0), (0.5, 0.2, 1.5, 0), (3.0, 0.9, 1.5, 0), (1.0, 0.6, -1.0, 1), (0.8, 0.4, -1.0, 1)]
+    return p.log(), (p / ratio).log(), torch.tensor([[True, True, True], [True, True, False]]), \
+        torch.tensor([1.5, -1.0]), steps
+
+
+def by_hand(loss_type, steps, eps_max=2.5, tau_pos=1.0, tau_neg=1.05):
+    """The worked example's loss and d loss / d log p per step, from the papers' formulas."""
+    value, grad = 0.0, []
+    for r, p, a, row in steps:
+        if loss_type == "cispo":  # -sg(min(r, eps_max)) A log p, summed over the 5 units (dapo's divisor)
+            value += -min(r, eps_max) * a * math.log(p) / 5
+            grad.append(-min(r, eps_max) * a / 5)
+        else:  # -sigmoid(tau (r - 1)) 4/tau A, each row's mean (3 and 2 units), then the mean over the 2 rows
+            tau, units = (tau_pos if a > 0 else tau_neg), (3, 2)[row]
+            s = 1 / (1 + math.exp(-tau * (r - 1)))
+            value += -s * 4 / tau * a / units / 2
+            grad.append(-4 * s * (1 - s) * r * a / units / 2)  # d/dlogp: f'(r) r, f'(r) = 4 s (1 - s)
+    return value, grad
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo"])
+def test_cispo_and_sapo_by_hand_on_the_token_and_the_router_terms(loss_type):
+    logp, old, mask, adv, steps = worked_example()
+    settings = LossSettings(lambda_act=1.0, beta=0.0, alpha=0.0, loss_type=loss_type, clip_eps_high=2.5,
+                            sapo_temperature_pos=1.0, sapo_temperature_neg=1.05)
+    tok, act = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+    zeros = torch.zeros(2, 3)
+    loss, terms = tarpo_loss(settings, logp_tok=tok, logp_act=act, p_hard=torch.ones(2, 3), kl_tok=zeros,
+                             kl_act=zeros, advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask),
+                             decided=mask, old_logp_tok=old, old_logp_act=old, num_units=5.0)
+    value, grad = by_hand(loss_type, steps)
+    expected_grad = torch.zeros(2, 3)
+    expected_grad[mask] = torch.tensor(grad)
+    for name, x in (("loss_tok", tok), ("loss_act", act)):  # the token term (pi's ratio) and the router's (rho's)
+        torch.testing.assert_close(terms[name], torch.tensor(value))
+        torch.testing.assert_close(torch.autograd.grad(loss, x, retain_graph=True)[0], expected_grad)
+    if loss_type == "cispo":  # every step keeps its gradient, those PPO's clip (eps 0.2) drops included
+        assert bool(expected_grad[mask].abs().min() > 0)
+
+
+def test_sapo_on_policy_is_reinforce_and_cispo_on_policy_is_reinforce_scaled_by_min_1_eps_max():
+    logp, _, mask, adv, _ = worked_example()
+    for loss_type, eps_high, scale in (("sapo", None, 1.0), ("cispo", 5.0, 1.0), ("cispo", 0.5, 0.5)):
+        x = logp.clone().requires_grad_(True)
+        settings = LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0, use_router=False, loss_type=loss_type,
+                                clip_eps_high=eps_high)
+        loss, _ = tarpo_loss(settings, logp_tok=x, logp_act=torch.zeros(2, 3), p_hard=torch.ones(2, 3),
+                             kl_tok=torch.zeros(2, 3), kl_act=torch.zeros(2, 3), advantages=adv, completion_mask=mask,
+                             is_soft=torch.zeros_like(mask), decided=mask, num_units=5.0)
+        units = 5.0 if loss_type == "cispo" else torch.tensor([[3.0], [2.0]]) * 2  # dapo's, grpo's divisors
+        expected = torch.where(mask, -scale * adv[:, None] / units, torch.zeros(2, 3))
+        torch.testing.assert_close(torch.autograd.grad(loss, x)[0], expected)
+
+
+def test_the_registry_owns_the_loss_types_and_refuses_an_unknown_one_naming_loss_type():
+    import re
+
+    from tarpo import config, losses
+    from tarpo.config import TarpoConfig
+
+    assert config.LOSS_TYPES is losses.LOSS_TYPES == tuple(losses.LOSSES)
+    assert set(LOSS_TYPES) == {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"}
+    for make in (lambda: losses.loss_variant("vespo"), lambda: LossSettings(0.1, 0.0, 1.0, loss_type="vespo")):
+        with pytest.raises(ValueError, match=r"^loss_type='vespo': must be one of grpo, dapo, dr_grpo, bnpo, cispo, "
+                                             r"sapo$"):
+            make()
+    help_text = TarpoConfig.__dataclass_fields__["loss_type"].metadata["help"]
+    assert all(f"'{name}'" in help_text for name in LOSS_TYPES)
+    body = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "launch.sh")).read()
+    comment = re.search(r"^LOSS_TYPE=\$\{LOSS_TYPE:-\}\s+# (.*)$", body, flags=re.M).group(1)
+    assert [part.split()[0] for part in comment.split("|")] == list(LOSS_TYPES)
+
+
+def test_the_scoring_gives_the_entropy_from_its_log_prob_chunks():
+    from tarpo.training.scoring import token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(8, 50)
+    hidden = torch.randn(3, 4, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 4), generator=g)
+    mask = torch.tensor([[True, True, True, False], [True, False, False, False], [True, True, True, True]])
+    plain = token_logprobs(head, hidden, targets, mask, 0.5, 2)
+    logp, entropy = token_logprobs(head, hidden, targets, mask, 0.5, 2, with_entropy=True)
+    assert torch.equal(logp, plain) and not entropy.requires_grad
+    full = torch.log_softmax(head(hidden).float() / 0.5, -1)
+    torch.testing.assert_close(entropy, torch.where(mask, -(full.exp() * full).sum(-1), torch.zeros(3, 4)))
+    torch.testing.assert_close(torch.autograd.grad(logp.sum(), hidden)[0],
+                               torch.autograd.grad(plain.sum(), hidden)[0])
+
+
+def test_all_values_concatenates_every_process_values_of_any_length():
+    from tarpo.training.distributed import all_values
+
+    other = torch.tensor([7.0, 8.0, 9.0])  # what a second process holds
+
+    def gather(x):
+        theirs = torch.tensor([other.numel()]) if x.dtype == torch.long else torch.cat(
+            [other, torch.zeros(x.numel() - other.numel())])
+        return torch.cat([x, theirs])
+
+    two = SimpleNamespace(num_processes=2, gather=gather, pad_across_processes=lambda x, dim: torch.cat(
+        [x, torch.zeros(max(other.numel() - x.numel(), 0))]))
+    assert all_values(two, torch.tensor([1.0])).tolist() == [1.0, 7.0, 8.0, 9.0]
+    assert all_values(two, torch.zeros(0)).tolist() == [7.0, 8.0, 9.0]
+    one = SimpleNamespace(num_processes=1)
+    assert all_values(one, torch.tensor([1.0, 2.0])).tolist() == [1.0, 2.0]
 
 
 # ---- advantages: scale_rewards as TRL's formulas
@@ -187,11 +330,11 @@ def test_every_correction_is_the_identity_when_rollout_and_training_agree(mode, 
 
     def run(weights):
         lt, la = b["logp"].clone().requires_grad_(True), logp_act.clone().requires_grad_(True)
-        loss, _ = tarpo_loss(logp_tok=lt, logp_act=la, p_hard=torch.full((B, T), 0.9), kl_tok=k3(lt, b["ref"]),
-                             kl_act=torch.zeros(B, T), advantages=b["adv"], completion_mask=b["mask"],
-                             is_soft=torch.zeros_like(b["mask"]), decided=decided, lambda_act=0.3, beta=0.04,
-                             alpha=1.0, loss_type=loss_type, max_completion_length=T, num_units=9.0,
-                             is_weights=weights)
+        settings = LossSettings(lambda_act=0.3, beta=0.04, alpha=1.0, loss_type=loss_type, max_completion_length=T)
+        loss, _ = tarpo_loss(settings, logp_tok=lt, logp_act=la, p_hard=torch.full((B, T), 0.9),
+                             kl_tok=k3(lt, b["ref"]), kl_act=torch.zeros(B, T), advantages=b["adv"],
+                             completion_mask=b["mask"], is_soft=torch.zeros_like(b["mask"]), decided=decided,
+                             num_units=9.0, is_weights=weights)
         return (loss, *torch.autograd.grad(loss, (lt, la)))
 
     pairs = [(b["logp"], b["logp"].clone(), b["mask"]), (logp_act, logp_act.clone(), decided)]
@@ -206,12 +349,12 @@ def test_the_correction_weights_the_policy_gradient_and_not_the_kl():
     w = torch.full((B, T), 0.5)
     zero = torch.zeros(B, T)
     common = dict(logp_act=zero, p_hard=torch.ones(B, T), kl_act=zero, advantages=b["adv"],
-                  completion_mask=b["mask"], is_soft=torch.zeros_like(b["mask"]), decided=b["mask"], lambda_act=0.0,
-                  alpha=0.0, use_router=False)
-    pg, _ = tarpo_loss(logp_tok=b["logp"], kl_tok=zero, beta=0.0, **common)
-    pg_w, _ = tarpo_loss(logp_tok=b["logp"], kl_tok=zero, beta=0.0, is_weights=(w, w), **common)
-    kl, _ = tarpo_loss(logp_tok=zero, kl_tok=b["ref"].abs(), beta=1.0, **common)
-    kl_w, _ = tarpo_loss(logp_tok=zero, kl_tok=b["ref"].abs(), beta=1.0, is_weights=(w, w), **common)
+                  completion_mask=b["mask"], is_soft=torch.zeros_like(b["mask"]), decided=b["mask"])
+    beta0, beta1 = (LossSettings(lambda_act=0.0, beta=beta, alpha=0.0, use_router=False) for beta in (0.0, 1.0))
+    pg, _ = tarpo_loss(beta0, logp_tok=b["logp"], kl_tok=zero, **common)
+    pg_w, _ = tarpo_loss(beta0, logp_tok=b["logp"], kl_tok=zero, is_weights=(w, w), **common)
+    kl, _ = tarpo_loss(beta1, logp_tok=zero, kl_tok=b["ref"].abs(), **common)
+    kl_w, _ = tarpo_loss(beta1, logp_tok=zero, kl_tok=b["ref"].abs(), is_weights=(w, w), **common)
     torch.testing.assert_close(pg_w, pg * 0.5)
     torch.testing.assert_close(kl_w, kl)
 
@@ -238,6 +381,32 @@ def test_a_tiny_run_logs_the_ratio_metrics_and_saves_the_config_that_ran(tokeniz
     assert (saved.loss_type, saved.scale_rewards, saved.importance_sampling_level, saved.epsilon_high,
             saved.mask_truncated_completions, saved.is_correction, saved.is_clip_max) == (
         "dapo", "batch", "sequence", 0.28, True, "token_truncate", 2.0)
+
+
+def test_the_trainer_builds_the_loss_settings_once_and_masks_the_token_term_by_entropy(tokenizer, tmp_path,
+                                                                                       monkeypatch):
+    from helpers import letter_reward, make_args, make_dataset
+    from tarpo.tiny import tiny_causal_lm
+    from tarpo.training import trainer as trainer_module
+
+    seen, loss_fn = [], trainer_module.tarpo_loss
+
+    def recording_loss(**kwargs):
+        seen.append((kwargs["settings"], kwargs["entropy_mask"], kwargs["completion_mask"]))
+        return loss_fn(**kwargs)
+
+    monkeypatch.setattr(trainer_module, "tarpo_loss", recording_loss)
+    args = make_args(tmp_path, max_steps=2, loss_type="sapo", sapo_temperature_neg=1.2, top_entropy_quantile=0.5)
+    trainer = trainer_module.TarpoTrainer(model=tiny_causal_lm(tokenizer, seed=2), reward_funcs=letter_reward,
+                                          args=args, train_dataset=make_dataset(), processing_class=tokenizer)
+    trainer.train()
+    settings = trainer.loss_settings
+    assert settings == LossSettings.of(args) and (settings.loss_type, settings.sapo_temperature_neg) == ("sapo", 1.2)
+    assert len(seen) >= 2 and all(s is settings for s, _, _ in seen)  # one object, built in __init__
+    for _, keep, mask in seen:  # the top half of the steps by entropy
+        assert not (keep & ~mask).any() and 0.4 * mask.sum() <= keep.sum() <= 0.6 * mask.sum() + 1
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(math.isfinite(h["loss"]) for h in logs)
 
 
 def test_mask_truncated_completions_leaves_cut_rows_out_of_the_loss():

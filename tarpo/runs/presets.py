@@ -87,7 +87,7 @@ COMMON_FIELDS = ("learning_rate", "router_lr", "action_bias", "num_train_epochs"
                  "optim", "gradient_checkpointing", "logging_steps", "report_to",
                  # the loss variants and the mismatch correction (docs/algorithm.md §8): the paper's by default
                  "loss_type", "scale_rewards", "importance_sampling_level", "mask_truncated_completions", "epsilon",
-                 "epsilon_high", "is_correction", "is_clip_min", "is_clip_max")
+                 "epsilon_high", "is_correction", "is_clip_min", "is_clip_max", "top_entropy_quantile")
 LAUNCHER_SETTINGS = dict(bf16=True, seed=0, save_steps=100)
 
 
@@ -165,6 +165,8 @@ VARIABLES = {
     "LOSS_TYPE": ("loss_type", str), "SCALE_REWARDS": ("scale_rewards", str),
     "IS_LEVEL": ("importance_sampling_level", str), "MASK_TRUNCATED": ("mask_truncated_completions", _bool),
     "EPSILON": ("epsilon", float), "EPSILON_HIGH": ("epsilon_high", float),
+    "SAPO_TEMPERATURE_POS": ("sapo_temperature_pos", float), "SAPO_TEMPERATURE_NEG": ("sapo_temperature_neg", float),
+    "TOP_ENTROPY_QUANTILE": ("top_entropy_quantile", float),
     "IS_CORRECTION": ("is_correction", str), "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
     "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str), "REPORT_TO": ("report_to", _integrations),
 }

@@ -16,6 +16,8 @@
   both engines). The trainer's FSDP2 rollout gathers the whole model instead (:mod:`tarpo.training.sharding`),
   so its ranks decode alone.
 - :func:`rollout_seed`: the noise seed of a rollout, the same on every rank and after a resume.
+- :func:`all_values`: every process's values of a ragged 1-D tensor, for a statistic of the whole batch (the
+  entropy quantile of ``top_entropy_quantile``).
 - :func:`cpu_requested`: ``ACCELERATE_USE_CPU``, read the way accelerate reads it.
 """
 
@@ -79,6 +81,16 @@ def any_rank(flag: bool) -> bool:
     value = torch.tensor([int(flag)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def all_values(accelerator, values: torch.Tensor) -> torch.Tensor:
+    """Every process's 1-D ``values`` (each its own length), concatenated in rank order (all ranks call it
+    together): the lengths gathered, the values padded to the longest, gathered, the padding dropped."""
+    if accelerator.num_processes == 1:
+        return values
+    sizes = accelerator.gather(torch.tensor([values.numel()], device=values.device)).tolist()
+    rows = accelerator.gather(accelerator.pad_across_processes(values, dim=0)).view(len(sizes), max(sizes))
+    return torch.cat([row[:n] for row, n in zip(rows, sizes)])
 
 
 def cpu_requested() -> bool:

@@ -7,10 +7,13 @@ bool. Nothing here touches a model: :mod:`tarpo.training.scoring` produces the l
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from ..config import IS_CORRECTIONS, LOSS_TYPES, SCALE_REWARDS
+from ..config import IS_CORRECTIONS, SCALE_REWARDS, default
+from ..losses import LOSSES, loss_variant
+from ..routing import ROUTINGS
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, scale: str = "group") -> torch.Tensor:
@@ -87,53 +90,83 @@ def two_class_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return kl_divergence(logp, ref_logp)
 
 
-def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps_high=None, level="token",
-                         mask=None):
-    """Per-step surrogate whose gradient is -A * grad log p.
-
-    On-policy (``old_logp`` None, one gradient step per batch) and per step (``level="token"``) it is
-    ``-logp * A``, the form of docs/algorithm.md §2. With several steps per batch it is PPO's clipped
-    ratio form ``-min(r A, clip(r, 1-eps, 1+eps_high) A)`` with ``r = exp(logp - old_logp)`` per step,
-    or, with ``level="sequence"`` (GSPO, TRL's ``importance_sampling_level``), one ratio per row,
-    ``r_i = exp(mean of logp - old_logp over the row's steps in mask)``, the same at every step of the
-    row; on-policy ``old_logp`` is then ``logp`` detached (r = 1, gradient (1/n_i) sum_t grad log p).
-    """
-    adv = advantages[:, None]
-    if old_logp is None and level == "token":
-        return -logp * adv
-    log_ratio = logp - (logp.detach() if old_logp is None else old_logp)
-    if level == "sequence":
-        m = mask.float()
-        log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1))[:, None].expand_as(logp)
-    ratio = torch.exp(log_ratio)
-    clipped = ratio.clamp(1 - clip_eps, 1 + (clip_eps if clip_eps_high is None else clip_eps_high))
-    return -torch.min(ratio * adv, clipped * adv)
-
-
 def aggregate(per_step: torch.Tensor, mask: torch.Tensor, loss_type: str = "grpo",
               max_completion_length: int | None = None, num_units: float | None = None) -> torch.Tensor:
-    """The batch's loss from per-step losses (zero outside ``mask``), as TRL's ``loss_type``:
+    """The batch's loss from per-step losses (zero outside ``mask``), as TRL's ``loss_type``: the aggregation
+    of its entry in :data:`tarpo.losses.LOSSES`:
 
-    - ``grpo`` (the paper): mean over rows of ``(1/T_i) sum_t`` (T_i = the row's units, hard + soft);
+    - ``grpo``, ``sapo`` (the paper): mean over rows of ``(1/T_i) sum_t`` (T_i = the row's units, hard + soft);
     - ``bnpo``: ``sum / (units in this batch)``;
     - ``dr_grpo``: ``sum / (rows * max_completion_length)``;
-    - ``dapo``: ``sum / num_units``, the units of the whole generation batch on every process, divided by
-      the processes and the optimizer steps it spans (the trainer passes it).
+    - ``dapo``, ``cispo``: ``sum / num_units``, the units of the whole generation batch on every process, divided
+      by the processes and the optimizer steps it spans (the trainer passes it).
 
         >>> x, m = torch.tensor([[1., 1., 0.], [3., 0., 0.]]), torch.tensor([[True, True, False], [True, False, False]])
         >>> [round(float(aggregate(x, m, t, 3, 3.0)), 4) for t in ("grpo", "bnpo", "dr_grpo", "dapo")]
         [2.0, 1.6667, 0.8333, 1.6667]
     """
-    total = per_step * mask.float()
-    if loss_type == "grpo":
-        return (total.sum(-1) / mask.sum(-1).clamp(min=1).float()).mean()
-    if loss_type == "bnpo":
-        return total.sum() / mask.sum().clamp(min=1).float()
-    if loss_type == "dr_grpo":
-        return total.sum() / (per_step.shape[0] * max_completion_length)
-    if loss_type == "dapo":
-        return total.sum() / max(float(num_units), 1.0)
-    raise ValueError(f"loss_type={loss_type!r}: must be one of {LOSS_TYPES}")
+    return loss_variant(loss_type).aggregate(per_step * mask.float(), mask, max_completion_length, num_units)
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """What :func:`tarpo_loss` is computed with besides the batch's tensors: built once per run from the
+    :class:`tarpo.config.TarpoConfig` (:meth:`of`). Defaults are the paper's; an unknown ``loss_type`` is
+    refused at construction, naming it."""
+
+    lambda_act: float                      # lambda, weight of the router term L_act (docs/algorithm.md §2)
+    beta: float                            # beta, weight of L_KL
+    alpha: float                           # alpha, weight of the action KL inside L_KL
+    use_router: bool = True                # False: routing hard / soft / entropy, no router terms, delta_t = 1
+    detach_kl_weight: bool = True          # delta_t = rho(hard|h_t) detached
+    token_loss_on_soft: bool = False       # HRPO: the token term at every step (the token was fed blended)
+    loss_type: str = "grpo"                # an entry of tarpo.losses.LOSSES
+    level: str = "token"                   # importance_sampling_level of the token and the router ratios
+    clip_eps: float = default("epsilon")
+    clip_eps_high: float | None = None     # None: clip_eps
+    sapo_temperature_pos: float = default("sapo_temperature_pos")
+    sapo_temperature_neg: float = default("sapo_temperature_neg")
+    max_completion_length: int | None = None  # dr_grpo's divisor
+    top_entropy_quantile: float = 1.0      # < 1: the token term at the high-entropy steps only (high_entropy_mask)
+
+    def __post_init__(self):
+        loss_variant(self.loss_type)
+
+    @property
+    def variant(self):
+        return LOSSES[self.loss_type]
+
+    @classmethod
+    def of(cls, args) -> "LossSettings":
+        """The settings of a run's config (a :class:`tarpo.config.TarpoConfig`); the routing rule says whether
+        the router terms exist and whether soft steps carry the token term."""
+        rule = ROUTINGS[args.routing]
+        return cls(lambda_act=args.lambda_act, beta=args.beta, alpha=args.alpha_action_kl, use_router=rule.router,
+                   detach_kl_weight=args.detach_kl_weight, token_loss_on_soft=rule.token_fed_when_soft,
+                   loss_type=args.loss_type, level=args.importance_sampling_level, clip_eps=args.epsilon,
+                   clip_eps_high=args.epsilon_high, sapo_temperature_pos=args.sapo_temperature_pos,
+                   sapo_temperature_neg=args.sapo_temperature_neg, max_completion_length=args.max_completion_length,
+                   top_entropy_quantile=args.top_entropy_quantile)
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float, gather=None) -> torch.Tensor:
+    """The steps of ``mask`` whose entropy is at least the ``1 - quantile`` quantile of the entropies at the
+    steps of ``mask`` of the whole batch: the top ``quantile`` of the steps by entropy ("Beyond the 80/20 rule",
+    arXiv:2506.01939; TRL's ``get_high_entropy_mask`` for ``top_entropy_quantile``). ``gather``: this process's
+    1-D values -> every process's (:func:`tarpo.training.distributed.all_values`), so that every process
+    thresholds at the same value. ``quantile`` 1 keeps every step, 0 the highest only.
+
+        >>> e = torch.tensor([[0.1, 2.0, 0.5], [1.0, 0.0, 9.0]])
+        >>> high_entropy_mask(e, torch.tensor([[True, True, True], [True, True, False]]), 0.4).int().tolist()
+        [[0, 1, 0], [1, 0, 0]]
+    """
+    values = entropy[mask].float()
+    if gather is not None:
+        values = gather(values)
+    if values.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(values, 1 - quantile)
+    return (entropy * mask.float() >= threshold) & mask
 
 
 def mismatch_weights(pairs, mode: str, clip_min: float | None, clip_max: float | None):
@@ -180,6 +213,7 @@ def mismatch_weights(pairs, mode: str, clip_min: float | None, clip_max: float |
 
 
 def tarpo_loss(
+    settings: LossSettings,
     *,
     logp_tok: torch.Tensor,
     logp_act: torch.Tensor,
@@ -190,22 +224,12 @@ def tarpo_loss(
     completion_mask: torch.Tensor,
     is_soft: torch.Tensor,
     decided: torch.Tensor,
-    lambda_act: float,
-    beta: float,
-    alpha: float,
-    use_router: bool = True,
-    detach_kl_weight: bool = True,
     old_logp_tok: torch.Tensor | None = None,
     old_logp_act: torch.Tensor | None = None,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    token_loss_on_soft: bool = False,
     logp_latent: torch.Tensor | None = None,
-    loss_type: str = "grpo",
-    level: str = "token",
-    max_completion_length: int | None = None,
     num_units: float | None = None,
     is_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
+    entropy_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The TARPO loss (docs/algorithm.md §2), averaged over the trajectories of the batch::
 
@@ -216,52 +240,60 @@ def tarpo_loss(
 
     with ``T_i`` the trajectory's units (hard + soft), thinking steps = ``decided`` (steps
     where the router chose the next input), ``delta_t = rho(hard|h_t)`` at thinking steps
-    (detached unless ``detach_kl_weight`` is False) and 1 elsewhere. ``mean_i`` over a batch of
-    whole groups equals the mean over groups of ``(1/G) sum_i``.
+    (detached unless ``settings.detach_kl_weight`` is False) and 1 elsewhere. ``mean_i`` over a batch of
+    whole groups equals the mean over groups of ``(1/G) sum_i``. ``settings`` (:class:`LossSettings`) gives
+    lambda, beta, alpha and the variant; the rest are the batch's tensors.
 
-    Without a learned router (``use_router`` False: routing hard / soft / entropy) the
+    Without a learned router (``settings.use_router`` False: routing hard / soft / entropy) the
     action terms vanish and delta_t = 1; soft steps still leave L_tok (their token is a
     placeholder that was never fed to the model).
 
     The latent baselines of docs/algorithm.md §3 generalise which steps carry the policy gradient
-    of L_tok: HRPO (``token_loss_on_soft``) feeds v_t blended into every input, so
+    of L_tok: HRPO (``settings.token_loss_on_soft``) feeds v_t blended into every input, so
     1[d_t = hard] becomes 1 at every step; Soft Tokens (``logp_latent``, [B, T]) adds
     ``1[d_t = soft] log N(u_t; mu_theta(s_t), sigma^2 I)``, the log-likelihood of the
     noisy input it fed (on-policy only).
 
-    ``loss_type`` aggregates every term the same way (:func:`aggregate`; ``grpo`` is the formula
-    above), ``level`` is the ratio's level of :func:`policy_gradient_term` for the token and the
-    router terms alike, and ``is_weights`` = (token weights, router weights) [B, T], detached, multiply
-    the two policy-gradient terms (:func:`mismatch_weights`; the KL terms are not weighted).
+    ``settings.loss_type`` (:data:`tarpo.losses.LOSSES`) gives the per-step surrogate of the token term and of
+    the router term alike, each with its own ratio (pi's, rho's) at ``settings.level``, and of the latent term
+    (on-policy, per step), and aggregates every term the same way (:func:`aggregate`; ``grpo`` is the formula
+    above). ``is_weights`` = (token weights, router weights) [B, T], detached, multiply the two policy-gradient
+    terms (:func:`mismatch_weights`; the KL terms are not weighted). ``entropy_mask`` [B, T] (:func:`high_entropy_mask`)
+    keeps the token term at its steps only; the router and KL terms keep every step (docs/algorithm.md §8).
 
     Args are [B, T] tensors except ``advantages`` [B]; ``logp_act`` is log rho of the
     action taken, ``kl_tok`` the per-step token KL (k3 or full), ``kl_act`` the per-step
     KL(rho || rho_ref). Returns the scalar loss and its per-term means (detached).
     """
-    token_steps = completion_mask if token_loss_on_soft else completion_mask & ~is_soft
-    thinking = completion_mask & decided if use_router else torch.zeros_like(completion_mask)
+    s, variant = settings, settings.variant
+    token_steps = completion_mask if s.token_loss_on_soft else completion_mask & ~is_soft
+    thinking = completion_mask & decided if s.use_router else torch.zeros_like(completion_mask)
     w_tok, w_act = is_weights if is_weights is not None else (1.0, 1.0)
 
     def total(per_step):
-        return aggregate(per_step, completion_mask, loss_type, max_completion_length, num_units)
+        return variant.aggregate(per_step * completion_mask.float(), completion_mask, s.max_completion_length,
+                                 num_units)
 
-    pg_tok = policy_gradient_term(logp_tok, advantages, old_logp_tok, clip_eps, clip_eps_high, level, token_steps)
+    pg_tok = variant.surrogate(logp_tok, advantages, old_logp_tok, token_steps, s.level, s)
     per_tok = pg_tok * w_tok * token_steps
     if logp_latent is not None:
         if old_logp_tok is not None:
             raise ValueError("the Soft Tokens term is on-policy only (one gradient step per batch)")
-        per_tok = per_tok + policy_gradient_term(logp_latent, advantages) * (completion_mask & is_soft)
+        soft = completion_mask & is_soft
+        per_tok = per_tok + variant.surrogate(logp_latent, advantages, None, soft, "token", s) * soft
+    if entropy_mask is not None:
+        per_tok = per_tok * entropy_mask
     ones = torch.ones_like(logp_tok)
     per_act = per_kl_act = torch.zeros_like(logp_tok)
     delta = ones
-    if use_router:
-        pg_act = policy_gradient_term(logp_act, advantages, old_logp_act, clip_eps, clip_eps_high, level, thinking)
+    if s.use_router:
+        pg_act = variant.surrogate(logp_act, advantages, old_logp_act, thinking, s.level, s)
         per_act = pg_act * w_act * thinking
-        delta = torch.where(thinking, p_hard.detach() if detach_kl_weight else p_hard, ones)
+        delta = torch.where(thinking, p_hard.detach() if s.detach_kl_weight else p_hard, ones)
         per_kl_act = kl_act * thinking
     l_tok, l_act = total(per_tok), total(per_act)
     kl_tok_sum, kl_act_sum = total(delta * kl_tok), total(per_kl_act)
-    l_kl = kl_tok_sum + alpha * kl_act_sum
-    loss = l_tok + lambda_act * l_act + beta * l_kl
+    l_kl = kl_tok_sum + s.alpha * kl_act_sum
+    loss = l_tok + s.lambda_act * l_act + s.beta * l_kl
     terms = {"loss_tok": l_tok, "loss_act": l_act, "loss_kl": l_kl, "kl_tok": kl_tok_sum, "kl_act": kl_act_sum}
     return loss, {k: v.detach() for k, v in terms.items()}

@@ -36,6 +36,7 @@ class StepScores:
     kl_act: torch.Tensor            # KL(rho_theta || rho_ref) (0 if no reference / router)
     logp_latent: torch.Tensor | None = None  # log-density of a soft step's random input: Soft Tokens' log N(u_t;
                                              # mean_theta, sigma^2 I), GumbelTopK's log Concrete(w_t; alpha_theta)
+    entropy: torch.Tensor | None = None      # entropy of pi_theta(.|s_t) at T_s, no gradient (with_entropy)
 
 
 def sequence_hidden(backbone: Backbone, rollout, gate=None) -> torch.Tensor:
@@ -57,9 +58,14 @@ def sequence_hidden(backbone: Backbone, rollout, gate=None) -> torch.Tensor:
     return hidden[:, P - 1:-1]
 
 
-def _logp_chunk(head, hidden, targets, temperature):
+def _logp_chunk(head, hidden, targets, temperature, with_entropy=False):
     logits = head(hidden).float() / temperature
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    lse = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp
+    with torch.no_grad():  # H = logsumexp(z) - sum_j p_j z_j, from the chunk's logits already in memory
+        return logp, lse - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
 def _full_kl_chunk(head, hidden, ref_hidden, temperature):
@@ -70,7 +76,8 @@ def _full_kl_chunk(head, hidden, ref_hidden, temperature):
 
 
 def _chunked(fn, chunk_size, *tensors, **kwargs):
-    """``fn`` over row-chunks of ``tensors`` (checkpointed when grad flows), concatenated."""
+    """``fn`` over row-chunks of ``tensors`` (checkpointed when grad flows), concatenated (each output of a
+    tuple-valued ``fn`` on its own)."""
     outs = []
     for s in range(0, tensors[0].shape[0], chunk_size):
         part = [t[s:s + chunk_size] for t in tensors]
@@ -78,6 +85,8 @@ def _chunked(fn, chunk_size, *tensors, **kwargs):
             outs.append(checkpoint(fn, *part, use_reentrant=False, **kwargs))
         else:
             outs.append(fn(*part, **kwargs))
+    if outs and isinstance(outs[0], tuple):
+        return tuple(torch.cat(parts) for parts in zip(*outs))
     return torch.cat(outs) if outs else tensors[0].new_zeros(0)
 
 
@@ -106,12 +115,19 @@ def gumbel_logprobs(head, hidden, ids, weights, mask, temperature, chunk_size, g
     return out
 
 
-def token_logprobs(head, hidden, targets, mask, temperature, chunk_size) -> torch.Tensor:
-    """log softmax(head(h)/T_s)[v_t] at masked positions, 0 elsewhere; [B, T] fp32."""
+def token_logprobs(head, hidden, targets, mask, temperature, chunk_size, with_entropy=False):
+    """log softmax(head(h)/T_s)[v_t] at masked positions, 0 elsewhere; [B, T] fp32. ``with_entropy``: also the
+    entropy of softmax(head(h)/T_s) there (no gradient), from the same chunks' logits: ``(logp, entropy)``."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
-    out[mask] = _chunked(lambda h, t: _logp_chunk(head, h, t, temperature), chunk_size,
-                         hidden[mask], targets[mask])
-    return out
+    if not with_entropy:
+        out[mask] = _chunked(lambda h, t: _logp_chunk(head, h, t, temperature), chunk_size,
+                             hidden[mask], targets[mask])
+        return out
+    entropy = torch.zeros_like(out)
+    values = _chunked(lambda h, t: _logp_chunk(head, h, t, temperature, True), chunk_size, hidden[mask], targets[mask])
+    if isinstance(values, tuple):  # not when no step is in the mask (no chunk ran)
+        out[mask], entropy[mask] = values
+    return out, entropy
 
 
 def full_token_kl(head, hidden, ref_hidden, mask, temperature, chunk_size) -> torch.Tensor:
@@ -134,6 +150,7 @@ def score_rollout(
     with_reference: bool,
     token_kl: str = "k3",
     latent=None,
+    with_entropy: bool = False,
 ) -> StepScores:
     """Policy (and reference) scores of a recorded batch; gradients flow to LoRA and router
     (and HRPO's gate, through the rebuilt inputs).
@@ -141,12 +158,15 @@ def score_rollout(
     The reference is the same backbone with its adapter disabled, fed the same inputs;
     ``ref_router`` (a frozen copy of the initial router) reads its hidden states.
     ``latent``: HRPO's gate (rebuilds gated inputs), Soft Tokens' noise model or the Gumbel exploration
-    (each adds ``logp_latent`` at soft steps).
+    (each adds ``logp_latent`` at soft steps). ``with_entropy``: the token distribution's entropy at every
+    step too (``top_entropy_quantile``), computed in the log-prob chunks.
     """
     gate = latent if isinstance(latent, HrpoGate) else None
     mask = rollout.completion_mask
     hidden = sequence_hidden(backbone, rollout, gate)
-    logp_tok = token_logprobs(backbone.logits, hidden, rollout.token_ids, mask, temperature, chunk_size)
+    logp_tok = token_logprobs(backbone.logits, hidden, rollout.token_ids, mask, temperature, chunk_size,
+                              with_entropy)
+    logp_tok, entropy = logp_tok if with_entropy else (logp_tok, None)
     zeros = torch.zeros_like(logp_tok)
     logp_act, p_hard, kl_tok, kl_act = zeros, torch.ones_like(logp_tok), zeros, zeros
     if use_router:
@@ -173,4 +193,4 @@ def score_rollout(
         if use_router:
             kl_act = two_class_kl(act_logp, ref_router.log_probs(ref_hidden))
     return StepScores(logp_tok=logp_tok, logp_act=logp_act, p_hard=p_hard, kl_tok=kl_tok, kl_act=kl_act,
-                      logp_latent=logp_latent)
+                      logp_latent=logp_latent, entropy=entropy)

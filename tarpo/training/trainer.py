@@ -60,8 +60,8 @@ from ..routing import ROUTINGS
 from ..tasks.prompts import count_too_long, encode_prompts
 from . import checkpoints, sharding
 from .grad_checkpointing import checkpointing_paused
-from .distributed import forward_through, rollout_seed, same_on_every_rank
-from .objective import group_advantages, mismatch_weights, tarpo_loss
+from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
+from .objective import LossSettings, group_advantages, high_entropy_mask, mismatch_weights, tarpo_loss
 from .optimizer import keep_fp32_state, parameter_groups
 from .scoring import StepScores, score_rollout
 
@@ -115,6 +115,7 @@ class TarpoTrainer(GRPOTrainer):
         self.piece = token_piece_fn(self.processing_class)
         self.rule = ROUTINGS[args.routing]
         self.use_router = self.rule.router
+        self.loss_settings = LossSettings.of(args)  # built once: what tarpo_loss is computed with besides the batch
         router.requires_grad_(self.use_router)  # the baselines never train it
         if self.rule.gate:  # initialised as HRPO's: N(0, initializer_range) weights, zero biases
             base.tarpo_gate = HrpoGate(base.config.hidden_size, c=args.hrpo_c, seed=args.seed,
@@ -283,7 +284,8 @@ class TarpoTrainer(GRPOTrainer):
                 scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
                                        temperature=args.temperature, chunk_size=args.logprob_chunk_size,
                                        use_router=self.use_router, with_reference=args.beta != 0.0,
-                                       token_kl=args.token_kl, latent=self.latent)
+                                       token_kl=args.token_kl, latent=self.latent,
+                                       with_entropy=args.top_entropy_quantile < 1.0)
             return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
 
         # through the module accelerate wrapped, so that DDP all-reduces the gradients (tarpo.training.distributed)
@@ -298,17 +300,14 @@ class TarpoTrainer(GRPOTrainer):
                      (scores.logp_act, rollout_act, mask & rollout.decided & self.use_router)]
             (w_tok, w_act), is_stats = mismatch_weights(pairs, args.is_correction, args.is_clip_min, args.is_clip_max)
             is_weights = (w_tok, w_act)
+        entropy_mask = None if scores.entropy is None else high_entropy_mask(  # the same threshold on every process
+            scores.entropy, mask, args.top_entropy_quantile, lambda values: all_values(self.accelerator, values))
         loss, terms = tarpo_loss(
-            logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard, kl_tok=scores.kl_tok,
-            kl_act=scores.kl_act, advantages=inputs["advantages"], completion_mask=mask,
-            is_soft=rollout.is_soft, decided=rollout.decided, lambda_act=args.lambda_act, beta=args.beta,
-            alpha=args.alpha_action_kl, use_router=self.use_router, detach_kl_weight=args.detach_kl_weight,
-            old_logp_tok=old_tok, old_logp_act=old_act, clip_eps=args.epsilon, clip_eps_high=args.epsilon_high,
-            token_loss_on_soft=self.rule.token_fed_when_soft, logp_latent=scores.logp_latent,
-            loss_type=args.loss_type, level=args.importance_sampling_level,
-            max_completion_length=args.max_completion_length, num_units=inputs["num_units"][0],
-            is_weights=is_weights,
-        )
+            settings=self.loss_settings, logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard,
+            kl_tok=scores.kl_tok, kl_act=scores.kl_act, advantages=inputs["advantages"], completion_mask=mask,
+            is_soft=rollout.is_soft, decided=rollout.decided, old_logp_tok=old_tok, old_logp_act=old_act,
+            logp_latent=scores.logp_latent, num_units=inputs["num_units"][0], is_weights=is_weights,
+            entropy_mask=entropy_mask)
         terms.update({f"importance_sampling/{k}": v for k, v in is_stats.items()})
         mode = "train" if self.model.training else "eval"
         # Drift between the sampling-time and the training-forward log-probs of the same tokens:

@@ -119,7 +119,7 @@ def teacher_forced(backbone, router, record, device):
 
 
 def loss_and_grads(model, backbone, router, device, completion: int):
-    from tarpo.training.objective import tarpo_loss
+    from tarpo.training.objective import LossSettings, tarpo_loss
     from tarpo.training.scoring import score_rollout
     from tarpo.tiny import synthetic_rollout
     r = synthetic_rollout(model.config.vocab_size, 8, PROMPT_LEN, completion, 30, device)
@@ -129,10 +129,9 @@ def loss_and_grads(model, backbone, router, device, completion: int):
     model.train()
     scores = score_rollout(backbone, router, router.frozen_copy(), r, temperature=0.5, chunk_size=512,
                            use_router=True, with_reference=True)
-    loss, _ = tarpo_loss(logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard,
-                         kl_tok=scores.kl_tok, kl_act=scores.kl_act, advantages=adv,
-                         completion_mask=r.completion_mask, is_soft=r.is_soft, decided=r.decided,
-                         lambda_act=0.1, beta=0.005, alpha=1.0)
+    loss, _ = tarpo_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), logp_tok=scores.logp_tok,
+                         logp_act=scores.logp_act, p_hard=scores.p_hard, kl_tok=scores.kl_tok, kl_act=scores.kl_act,
+                         advantages=adv, completion_mask=r.completion_mask, is_soft=r.is_soft, decided=r.decided)
     loss.backward()
     grads = torch.cat([p.grad.float().flatten().cpu() for n, p in sorted(model.named_parameters())
                        if "lora_B" in n])
