@@ -129,6 +129,9 @@ def loss_variant(name: str) -> LossType:
 
     >>> loss_variant("dapo").aggregate is loss_variant("cispo").aggregate
     True
+    >>> x, m = torch.tensor([[1., 1., 0.], [3., 0., 0.]]), torch.tensor([[True, True, False], [True, False, False]])
+    >>> [round(float(loss_variant(t).aggregate(x, m, 3, 3.0)), 4) for t in ("grpo", "bnpo", "dr_grpo", "dapo")]
+    [2.0, 1.6667, 0.8333, 1.6667]
     """
     if name not in LOSSES:
         raise ValueError(f"loss_type={name!r}: must be one of {', '.join(LOSS_TYPES)}")

@@ -1,5 +1,7 @@
 """What several test modules share: where the benchmark files are, the toy reward, data set and trainer
-settings, the tiny saved system's eval command, and small test doubles around :class:`tarpo.engine.backbone.Backbone`."""
+settings, the tiny saved system's eval command, one completion's grade, and small test doubles around
+:class:`tarpo.engine.backbone.Backbone` (one of them the Unsloth backend's hook mechanism on the transformers path,
+:class:`HookedBackbone`)."""
 
 import os
 
@@ -42,6 +44,13 @@ TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, nu
                   vocab_size=512, max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=False,
                   rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": 8192, "rope_theta": 500000.0})
+
+
+def score(completion: str, example: dict, grader: str | None = None, **kwargs) -> float:
+    """One completion's grade (:func:`tarpo.tasks.graders.grade_batch` and its keyword arguments)."""
+    from tarpo.tasks.graders import grade_batch
+
+    return grade_batch([completion], [example], grader, **kwargs)[0].score
 
 
 def letter_reward(prompts, completions, **kwargs):
@@ -105,6 +114,58 @@ class ScriptedBackbone(Backbone):
         return out + bias
 
 
+def final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder's final norm (``model.model.norm`` for Qwen2 and Llama): its output is the ``lm_head`` input."""
+    from tarpo.engine.backbone import unwrap
+
+    return unwrap(model).get_decoder().norm
+
+
+class HiddenCapture:
+    """Keep the output of a module (the final norm) from its last call."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.value = None
+        self.handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output):
+        self.value = output[0] if isinstance(output, tuple) else output
+
+    def take(self) -> torch.Tensor:
+        value, self.value = self.value, None
+        return value
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+class HookedBackbone(Backbone):
+    """A :class:`Backbone` whose decode steps call the whole model with ``input_ids``, as Unsloth's decode path
+    is called: the soft inputs go in through :class:`tarpo.models.backends.EmbeddingOverride` (all rows replaced,
+    which is identical for hard rows) and ``h`` is read from the final norm (:class:`HiddenCapture`, standing in
+    for the decode patch). Without ``token_ids`` (the training forward) it is the plain backbone."""
+
+    def __init__(self, model: torch.nn.Module):
+        from tarpo.models.backends import EmbeddingOverride
+
+        super().__init__(model)
+        self.override = EmbeddingOverride(self.embedding)
+        self.capture = HiddenCapture(final_norm(model))
+
+    def hidden(self, inputs_embeds, attention_mask, position_ids, cache=None, token_ids=None) -> torch.Tensor:
+        if token_ids is None:
+            return super().hidden(inputs_embeds, attention_mask, position_ids, cache)
+        self.override.set(inputs_embeds)
+        self.model(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   past_key_values=cache, use_cache=cache is not None, logits_to_keep=1)
+        self.override.pending = None
+        return self.capture.take()
+
+    def close(self) -> None:
+        self.override.remove()
+        self.capture.remove()
+
+
 def encode_prompts(tokenizer, texts):
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
@@ -126,7 +187,7 @@ def stand_in_unsloth_decode(model, monkeypatch):
     import contextlib
 
     from tarpo.engine.backbone import unwrap
-    from tarpo.models.backends import UnslothBackbone, final_norm
+    from tarpo.models.backends import UnslothBackbone
     from tarpo.patches import BACKEND_MARKER
 
     base = unwrap(model)

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
+from helpers import score
 from tarpo import demo
-from tarpo.tasks.graders import score
 from tarpo.tasks.synthetic import completion_text, make_split, noisy_demonstration, problem
 from tarpo.tasks.registry import load_task
 

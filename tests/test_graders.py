@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from helpers import DATA, needs_data
+from helpers import DATA, needs_data, score
 from tarpo.tasks.answers import last_boxed
-from tarpo.tasks.graders import canonical_answers, grade_batch, multiple_choice_letter, reward_function, score
+from tarpo.tasks.graders import canonical_answers, grade_batch, multiple_choice_letter, reward_function
 from tarpo.tasks.registry import load_task
 
 

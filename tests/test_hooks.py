@@ -4,9 +4,8 @@ passing ``inputs_embeds`` on the transformers path: identical hidden states and 
 import torch
 from peft import LoraConfig, get_peft_model
 
-from helpers import decode_kwargs, encode_prompts
+from helpers import HookedBackbone, decode_kwargs, encode_prompts
 from tarpo.engine.backbone import Backbone, positions_from_mask
-from tarpo.models.backends import HookedBackbone
 from tarpo.engine.mixture import build_inputs_embeds, soft_topk
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router

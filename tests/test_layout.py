@@ -3,6 +3,7 @@ lines, no function body over 60 lines in engine/ and training/, the README's lay
 routing rule and inference mode is one table entry that the launchers, the config and the CLI read."""
 
 import ast
+import fnmatch
 import os
 import re
 
@@ -182,6 +183,116 @@ def test_body_lines_leaves_out_the_docstring():
 def test_no_module_is_over_400_lines():
     sizes = {os.path.relpath(path, ROOT): sum(1 for _ in open(path)) for path in modules().values()}
     assert {path: n for path, n in sizes.items() if n > MAX_LINES} == {}
+
+
+# Names of tarpo/ and patches/ that code outside this tree calls, though only the tests name them: why each stays.
+CALLED_FROM_OUTSIDE = {
+    "tarpo/training/callbacks.py:*.on_*": "TrainerCallback events: transformers' CallbackHandler calls them by name",
+}
+
+
+def sources(*folders: str) -> dict[str, str]:
+    """``path -> text`` of the .py files under ``folders`` (relative to the checkout)."""
+    found = {}
+    for top in folders:
+        for folder, subfolders, files in os.walk(os.path.join(ROOT, top)):
+            subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+            found |= {os.path.relpath(os.path.join(folder, f), ROOT): open(os.path.join(folder, f)).read()
+                      for f in files if f.endswith(".py")}
+    return found
+
+
+def references(source: str) -> tuple[set[str], set[tuple[str | None, str]]]:
+    """What Python ``source`` names: (names read, imported, in ``getattr``-style calls, in strings), and
+    ``(owner, attribute)`` of every ``owner.attribute``. Docstrings and comments do not count."""
+    tree = ast.parse(source)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    def last(n):
+        return n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+
+    names, attributes = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            attributes.add((last(n.value), n.attr))
+        elif isinstance(n, ast.alias):
+            names.add(n.name.rsplit(".", 1)[-1])
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            if re.fullmatch(r"\w+([.:]\w+)*", n.value):  # "tarpo.cli:main", ("compute_loss", ...)
+                attributes |= {(None, part) for part in re.split(r"[.:]", n.value)}
+                names |= set(re.split(r"[.:]", n.value)[1:])
+    return names, attributes
+
+
+def definitions(path: str, source: str) -> list[tuple[str, str | None, str]]:
+    """``(module, class or None, name)`` of every top-level function and class and every method but dunders."""
+    module = os.path.splitext(os.path.basename(path))[0]
+    module = os.path.basename(os.path.dirname(path)) if module == "__init__" else module
+    out = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append((module, None, node.name))
+        if isinstance(node, ast.ClassDef):
+            out += [(module, node.name, m.name) for m in node.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and not m.name.startswith("__")]
+    return out
+
+
+def used_only_by_tests(package: dict[str, str], production: list[str], tests: list[str],
+                       words: set[str] = frozenset()) -> list[str]:
+    """``path:name`` (``path:Class.method``) of what ``package`` defines that ``tests`` name and neither
+    ``production`` (Python sources, the package's own included) nor ``words`` (of shell scripts) does. A function
+    or class counts as named by ``name``, an import of it or ``module.name``; a method by any ``.name`` or a string
+    naming it (``getattr(x, "name")``, a tuple of method names)."""
+    def gather(texts):
+        names, attributes = set(), set()
+        for text in texts:
+            n, a = references(text)
+            names, attributes = names | n, attributes | a
+        return names, attributes
+
+    def named(module, owner, name, names, attributes):
+        if owner is not None:
+            return name in names or any(attribute == name for _, attribute in attributes)
+        return name in names or (module, name) in attributes
+
+    used, in_tests = gather(production), gather(tests)
+    used = (used[0] | set(words), used[1])
+    return [f"{path}:{owner + '.' if owner else ''}{name}" for path, source in sorted(package.items())
+            for module, owner, name in definitions(path, source)
+            if named(module, owner, name, *in_tests) and not named(module, owner, name, *used)]
+
+
+def test_no_production_name_is_used_only_by_tests():
+    """Test oracles and helpers live in tests/, not in the package. Production: tarpo/, patches/, benchmarks/,
+    scripts/, setup.py, the shell scripts and the README's Python examples (the users' code); docs/ does not
+    count. What the framework calls by name is listed in CALLED_FROM_OUTSIDE, and each entry must still be needed."""
+    package = sources("tarpo", "patches")
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    production = [*package.values(), *sources("benchmarks", "scripts").values(),
+                  open(os.path.join(ROOT, "setup.py")).read(), *re.findall(r"```python\n(.*?)```", readme, flags=re.S)]
+    shell = [os.path.join(ROOT, top, f) for top in ("", "scripts", "benchmarks")
+             for f in os.listdir(os.path.join(ROOT, top)) if f.endswith(".sh")]
+    words = {w for path in shell for w in re.findall(r"\w+", re.sub(r"(^|\s)#.*", "", open(path).read()))}
+    found = used_only_by_tests(package, production, list(sources("tests").values()), words)
+    assert [f for f in found if not any(fnmatch.fnmatch(f, p) for p in CALLED_FROM_OUTSIDE)] == []
+    assert [p for p in CALLED_FROM_OUTSIDE if not any(fnmatch.fnmatch(f, p) for f in found)] == []
+
+
+def test_a_name_used_only_by_tests_is_found():
+    package = {"tarpo/x.py": '"""``oracle`` is documented."""\ndef oracle(): pass\ndef used(): pass\n'
+                             "def by_module(): pass\ndef by_attribute(): pass\nclass C:\n    def m(self): pass\n"
+                             "    def n(self): pass\n    def by_name(self): pass\n    def __len__(self): return 0\n"}
+    production = ["from tarpo.x import used\nfrom tarpo import x\nused(), x.by_module(), C().n()\n"
+                  "getattr(C(), 'by_name')\nrecord.by_attribute  # oracle()\n"]
+    tests = ["from tarpo.x import oracle, used, by_module, by_attribute, C\n"
+             "oracle(), used(), by_module(), by_attribute(), C().m(), C().n(), C().by_name(), len(C())\n"]
+    assert used_only_by_tests(package, production, tests) == ["tarpo/x.py:oracle", "tarpo/x.py:by_attribute",
+                                                               "tarpo/x.py:C.m"]
+    assert used_only_by_tests(package, production, tests, words={"oracle", "m"}) == ["tarpo/x.py:by_attribute"]
 
 
 def test_the_readme_layout_table_is_the_tree():

@@ -13,7 +13,7 @@ import torch
 from trl import GRPOTrainer
 
 from tarpo.config import IS_CORRECTIONS, LOSS_TYPES
-from tarpo.training.objective import (LossSettings, aggregate, group_advantages, high_entropy_mask, k3,
+from tarpo.training.objective import (LossSettings, group_advantages, high_entropy_mask, k3,
                                       mismatch_weights, tarpo_loss)
 
 B, T = 4, 5
@@ -123,11 +123,6 @@ def test_sequence_level_router_ratio_is_the_mean_over_thinking_steps():
     r0, r1 = math.exp((0.2 + 0.4) / 2), math.exp(0.1)
     expected = ((-r0 * 1.0) * 2 / 4 + (-r1 * -2.0) * 1 / 2) / 2
     torch.testing.assert_close(terms["loss_act"], torch.tensor(expected))
-
-
-def test_aggregate_refuses_an_unknown_loss_type():
-    with pytest.raises(ValueError, match="loss_type='vespo'"):
-        aggregate(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "vespo")
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)

@@ -12,7 +12,7 @@ import pytest
 
 from tarpo.evaluation import paper
 from tarpo.cli import main as cli
-from tarpo.evaluation.metrics import ci95
+from tarpo.evaluation.metrics import ci95_half_width
 from tarpo.evaluation.tables import build, latex, load_results, markdown
 
 from helpers import COUNTS, DATA, eval_args, needs_data
@@ -31,12 +31,23 @@ QUESTIONS = {task: n for task, _, split, n in COUNTS if split == "test"} | {"gpq
 CELLS_PER_TABLE = {1: 216, 2: 18, 3: 30, 4: 72, 5: 96, 8: 57, 9: 57, 10: 24, 11: 180, 12: 180, 13: 72, 14: 36}
 
 
+def lookup() -> dict[tuple, float]:
+    """Every published cell: ``{(table, model, system, benchmark, metric): value}``."""
+    return {tuple(c[f] for f in paper.FIELDS[:-1]): c["value"] for c in paper.published()}
+
+
+def ci95(mean: float, sd: float, n: int) -> tuple[float, float]:
+    """The 95% normal-approximation CI ``(low, high)`` of a mean over n questions."""
+    half = ci95_half_width(sd, n)
+    return mean - half, mean + half
+
+
 # ---------------------------------------------------------------- the transcription
 
 def test_every_result_table_is_transcribed_with_its_cell_count():
     cells = paper.published()
     assert Counter(c["table"] for c in cells) == CELLS_PER_TABLE and len(cells) == 1038
-    assert paper.table_numbers() == sorted(CELLS_PER_TABLE)
+    assert sorted(int(n) for n in paper.paper_tables()["tables"]) == sorted(CELLS_PER_TABLE)
     spec = paper.paper_tables()
     assert set(spec["not_results"]) == {"6", "7", "15"}
     keys = set()
@@ -78,7 +89,7 @@ def test_layouts_are_the_papers():
 
 
 def test_spot_values_and_the_cells_the_paper_leaves_empty():
-    v = paper.lookup()
+    v = lookup()
     assert v[1, "Qwen2.5-1.5B-Instruct", "CoT", "gsm8k", "pass@1"] == 60.89
     assert v[1, "Qwen2.5-7B-Instruct", "TARPO", "average", "pass@32"] == 84.50
     assert v[3, "Qwen2.5-3B-Instruct", "Soft Tokens*", "math500", "greedy"] == 54.70
@@ -110,7 +121,7 @@ def test_published_values_are_the_numbers_of_the_tex_tables_in_order():
         tex = "\n".join(re.sub(r"(?<!\\)%.*", "", line) for line in f.read().splitlines())
     envs = re.findall(r"\\begin\{table\*?\}(.*?)\\end\{table\*?\}", tex, re.S)
     assert len(envs) == 15
-    for number in paper.table_numbers():
+    for number in sorted(CELLS_PER_TABLE):
         tabular = re.search(r"\\begin\{tabular\}.*?\n(.*?)\\end\{tabular\}", envs[number - 1], re.S).group(1)
         body = tabular.split(r"\midrule", 1)[1]
         body = re.sub(r"\\multicolumn\{\d+\}\{c\}\{[^}]*\}", "", body)  # model sections
@@ -124,7 +135,7 @@ def test_published_values_are_the_numbers_of_the_tex_tables_in_order():
 def _ci_mismatches(ci_table: int, p_table: int, sd_table: int) -> list[tuple]:
     """Cells of ``ci_table`` that no (P@1, SD) within the paper's rounding of ``p_table`` and
     ``sd_table`` reproduces (CI = P@1 ± 1.96 SD / sqrt(questions), each end printed to 0.01)."""
-    v = paper.lookup()
+    v = lookup()
     bad = []
     for (table, model, system, bench, metric), value in v.items():
         if table != ci_table or metric not in ("ci_low", "ci_high"):
@@ -172,7 +183,7 @@ KNOWN_INCONSISTENT_CI_13_14 = [
 
 def test_tables_13_and_14_confidence_intervals_follow_from_tables_4_and_2():
     assert _ci_mismatches(13, 4, 13) + _ci_mismatches(14, 2, 14) == KNOWN_INCONSISTENT_CI_13_14
-    v = paper.lookup()
+    v = lookup()
     cot = (13, "Qwen2.5-3B-Instruct", "CoT", "humaneval")
     assert (v[cot + ("ci_low",)], v[cot + ("ci_high",)]) == (0.536, 0.641)
 

@@ -6,11 +6,21 @@ import time
 import pytest
 import torch
 
-from tarpo.engine.tag_automaton import build, step, tokenizer_pieces
-from tarpo.engine.tagging import TagTracker
+from oracles import TagTracker
+from tarpo.engine.tag_automaton import build, step
+from tarpo.engine.tagging import token_piece_fn
 from tarpo.tiny import bpe_tokenizer, char_tokenizer
 
 TAGS = ["####", "```python"]
+
+
+def tokenizer_pieces(tokenizer, vocab_size: int | None = None) -> list[str]:
+    """Each id's text as the engine reads it (``token_piece_fn``); ids from ``len(tokenizer)`` up to
+    ``vocab_size`` (a model's padded vocabulary) get "" (what :func:`tarpo.engine.tag_automaton.tables` builds
+    from)."""
+    piece = token_piece_fn(tokenizer)
+    n = len(tokenizer)
+    return [piece(i) if i < n else "" for i in range(max(n, vocab_size or 0))]
 
 
 def reference(pieces, tag):

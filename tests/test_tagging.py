@@ -1,4 +1,8 @@
-from tarpo.engine.tagging import TagTracker, token_piece_fn
+"""The per-row tag tracker that the tensor automaton is checked against (tests/oracles.py), and the token
+pieces it reads."""
+
+from oracles import TagTracker
+from tarpo.engine.tagging import token_piece_fn
 
 PIECES = ["a", "#", "##", "###", "####", " ", "b####c", "\n"]
 

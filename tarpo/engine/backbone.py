@@ -36,7 +36,7 @@ class Backbone:
     def hidden(self, inputs_embeds, attention_mask, position_ids, cache=None, token_ids=None) -> torch.Tensor:
         """Normed final hidden states [B, L, d]; ``cache`` is extended in place. ``token_ids``
         (the ids behind the inputs, placeholders at soft steps) serve backends that take
-        ids (:class:`tarpo.models.backends.HookedBackbone`); this one feeds ``inputs_embeds``."""
+        ids (:class:`tarpo.models.backends.UnslothBackbone`); this one feeds ``inputs_embeds``."""
         out = self.decoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                            position_ids=position_ids, past_key_values=cache, use_cache=cache is not None)
         return out.last_hidden_state

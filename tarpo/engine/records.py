@@ -10,7 +10,7 @@ that ran; the trainer rebuilds every input of the training forward from them
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -44,9 +44,6 @@ class Rollout:
     @property
     def hard_tokens(self) -> torch.Tensor:
         return (self.completion_mask & ~self.is_soft).sum(-1)
-
-    def select(self, index) -> "Rollout":
-        return Rollout(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
 def new_records(batch: int, steps: int, k: int, soft_input_dim: int, pad_token_id: int, device) -> dict:

@@ -124,8 +124,8 @@ def hybrid_generate(
         row_ids: the rows' global ids for keyed noise ([B] long; default 0..B-1), e.g. offset by
             the rank's share of a batch split across processes.
         lockstep: for models sharded across processes (every rank must make the same decoder
-            calls): a function ``any_rank(flag: bool) -> bool``; ranks then decode until no
-            rank has a running row, finished rows riding along (:func:`tarpo.training.distributed.any_rank`).
+            calls): a function ``any_rank(flag: bool) -> bool``, True when ``flag`` is on some rank (an
+            all-reduce); ranks then decode until no rank has a running row, finished rows riding along.
         latent: :class:`tarpo.engine.latent.HrpoGate` (routing ``hrpo``) or
             :class:`tarpo.engine.latent.GaussianSoftTokens` (routing ``soft_tokens``) or
             :class:`tarpo.engine.latent.GumbelTopK` (routing ``learned_gumbel``).

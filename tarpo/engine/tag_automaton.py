@@ -1,4 +1,4 @@
-"""Answer-tag detection as a tensor automaton: the static-shape twin of ``TagTracker``.
+"""Answer-tag detection as a tensor automaton, the same in both rollout engines (static shapes).
 
 ``build(pieces, tag)`` turns a vocabulary's text pieces into two tables, once per
 (tokenizer, tag): ``next_state[S, V]`` and ``hit[S, V]`` with ``S = len(tag)``. A row's
@@ -10,10 +10,10 @@ token, is found). A decode step is then pure indexing, with no host sync::
     thinking = thinking & ~hit_now        # sticky: "thinking until the tag, once"
 
 After a hit the state carries on as KMP would, so a later tag hits again; that does not
-matter to the caller, whose ``thinking`` flag is sticky, as ``TagTracker`` ignores a row
-once done ("completed the tag at this step" is ``hit_now & thinking``). An empty piece (special tokens decode
-to text, but ids past the tokenizer decode to "") leaves the state as it is and never
-hits, as in ``TagTracker``.
+matter to the caller, whose ``thinking`` flag is sticky ("completed the tag at this step" is
+``hit_now & thinking``). An empty piece (special tokens decode to text, but ids past the tokenizer decode
+to "") leaves the state as it is and never hits. tests/test_tag_automaton.py checks the tables against a
+character-level reading and whole token streams against a per-row text tracker (tests/oracles.py).
 
     >>> nxt, hit = build(["a", "##", "#", "####", "x", ""], "####")
     >>> state, done = torch.zeros(1, dtype=torch.long), []
@@ -32,8 +32,6 @@ import weakref
 
 import numpy as np
 import torch
-
-from .tagging import token_piece_fn
 
 
 def _char_dfa(tag: str) -> tuple[list[list[int]], int]:
@@ -96,14 +94,6 @@ def step(state: torch.Tensor, tokens: torch.Tensor, next_state: torch.Tensor,
          hit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step for a batch: ``(next_state[state, tokens], hit[state, tokens])``."""
     return next_state[state, tokens], hit[state, tokens]
-
-
-def tokenizer_pieces(tokenizer, vocab_size: int | None = None) -> list[str]:
-    """Each id's text as ``TagTracker`` sees it (``token_piece_fn``); ids from
-    ``len(tokenizer)`` up to ``vocab_size`` (a model's padded vocabulary) get ""."""
-    piece = token_piece_fn(tokenizer)
-    n = len(tokenizer)
-    return [piece(i) if i < n else "" for i in range(max(n, vocab_size or 0))]
 
 
 _TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

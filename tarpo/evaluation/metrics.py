@@ -46,19 +46,13 @@ def majority_vote(canonical: list[str], correct: list[bool]) -> bool:
 
 
 def ci95_half_width(sd: float, n: int) -> float:
-    """Half-width 1.96 SD / sqrt(n) of the 95% normal-approximation CI of a mean over n questions."""
-    return 1.96 * sd / math.sqrt(n)
+    """Half-width 1.96 SD / sqrt(n) of the 95% normal-approximation CI of a mean over n questions.
 
-
-def ci95(mean: float, sd: float, n: int) -> tuple[float, float]:
-    """The 95% normal-approximation CI ``(low, high)`` of a mean over n questions.
-
-    >>> low, high = ci95(0.6089, 0.344, 1319)  # Qwen2.5-1.5B CoT on GSM8K: the paper's [59.03, 62.74]
-    >>> round(100 * low, 2), round(100 * high, 2)
+    >>> half = ci95_half_width(0.344, 1319)  # Qwen2.5-1.5B CoT on GSM8K, 60.89: the paper's [59.03, 62.74]
+    >>> round(100 * (0.6089 - half), 2), round(100 * (0.6089 + half), 2)
     (59.03, 62.75)
     """
-    half = ci95_half_width(sd, n)
-    return mean - half, mean + half
+    return 1.96 * sd / math.sqrt(n)
 
 
 def mean_sd_ci(values: list[float]) -> tuple[float, float, float]:

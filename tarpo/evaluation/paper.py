@@ -16,8 +16,8 @@ Metrics: ``pass@1``, ``pass@32``, ``maj@32``, ``greedy`` (percent), ``sd`` (a fr
     >>> cells = published()
     >>> len(cells), sorted({c["table"] for c in cells})
     (1038, [1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13, 14])
-    >>> lookup()[(1, "Qwen2.5-1.5B-Instruct", "CoT", "gsm8k", "pass@1")]
-    60.89
+    >>> tuple(published([1])[0].values())
+    (1, 'Qwen2.5-1.5B-Instruct', 'CoT', 'gsm8k', 'pass@1', 60.89)
     >>> fmt(0.344, "sd"), fmt(97.1, "tokens"), fmt(60.9, "pass@1"), fmt(0.536, "ci_low")
     ('0.344', '97.1', '60.90', '0.536')
 """
@@ -43,19 +43,10 @@ def paper_tables() -> dict:
     return json.loads(_spec_text())
 
 
-def table_numbers() -> list[int]:
-    return sorted(int(n) for n in paper_tables()["tables"])
-
-
 def published(tables=None) -> list[dict]:
     """Every published cell, in the paper's order (table, section, row, column); only ``tables`` if given."""
     keep = None if tables is None else {int(t) for t in tables}
     return [c for c in paper_tables()["published"] if keep is None or c["table"] in keep]
-
-
-def lookup(tables=None) -> dict[tuple, float]:
-    """``{(table, model, system, benchmark, metric): value}``."""
-    return {tuple(c[f] for f in FIELDS[:-1]): c["value"] for c in published(tables)}
 
 
 def fmt(value: float | None, metric: str) -> str | None:

@@ -1,19 +1,17 @@
-"""Soft inputs and hidden-state capture through module hooks, for backends that take only ids.
+"""The Unsloth backend's backbone: soft inputs through a module hook, for a decode path that takes only ids.
 
 Unsloth's fast single-token decode path is called with ``input_ids`` and returns logits.
 TARPO needs two things from it that :class:`tarpo.engine.backbone.Backbone` gets from the
 decoder directly: to feed a mixture instead of ``E(v_t)`` for soft rows, and to read the
-normed final hidden state ``h_t``. :class:`HookedBackbone` gets both without touching the
-model's code:
+normed final hidden state ``h_t``. :class:`UnslothBackbone` gets both:
 
 - :class:`EmbeddingOverride`, a forward hook on the input-embedding module, replaces the
   embedding output of the rows given for the next call (the ids keep flowing; hard rows
   keep ``E(v_t)`` bit for bit);
-- :class:`HiddenCapture`, a forward hook on the final norm, keeps its output, the exact
-  ``lm_head`` input.
+- ``tarpo.patches`` makes the decode step leave ``h_t``, the exact ``lm_head`` input, on the model.
 
-On the transformers path this gives the same hidden states as passing ``inputs_embeds``
-(``tests/test_hooks.py``); ``tarpo.patches`` makes Unsloth's fast path call both modules.
+On the transformers path the override, with a hook on the final norm in place of the patch, gives the
+same hidden states and rollouts as passing ``inputs_embeds`` (``tests/test_hooks.py``).
 """
 
 from __future__ import annotations
@@ -63,63 +61,6 @@ class EmbeddingOverride:
 
     def remove(self) -> None:
         self.handle.remove()
-
-
-class HiddenCapture:
-    """Keep the output of a module (the final norm) from its last call."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.value = None
-        self.handle = module.register_forward_hook(self._hook)
-
-    def _hook(self, module, args, output):
-        self.value = output[0] if isinstance(output, tuple) else output
-
-    def take(self) -> torch.Tensor:
-        if self.value is None:
-            raise RuntimeError("the final norm was not called: this backend does not expose the hidden state "
-                               "(is tarpo.patches applied?)")
-        value, self.value = self.value, None
-        return value
-
-    def remove(self) -> None:
-        self.handle.remove()
-
-
-def final_norm(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder's final norm (``model.model.norm`` for Qwen2 and Llama)."""
-    decoder = unwrap(model).get_decoder()
-    if not hasattr(decoder, "norm"):
-        raise ValueError(f"{type(decoder).__name__} has no final `norm` module to read the hidden state from")
-    return decoder.norm
-
-
-class HookedBackbone(Backbone):
-    """A :class:`Backbone` whose decode steps call the whole model with ``input_ids``.
-
-    ``hidden(..., token_ids=...)`` sets the embedding override to the given inputs (only
-    where they differ from ``E(token_ids)`` would also do; all rows are replaced, which is
-    identical for hard rows) and reads ``h`` from the final norm. Without ``token_ids``
-    (the training forward) it falls back to the decoder with ``inputs_embeds``.
-    """
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__(model)
-        self.override = EmbeddingOverride(self.embedding)
-        self.capture = HiddenCapture(final_norm(model))
-
-    def hidden(self, inputs_embeds, attention_mask, position_ids, cache=None, token_ids=None) -> torch.Tensor:
-        if token_ids is None:
-            return super().hidden(inputs_embeds, attention_mask, position_ids, cache)
-        self.override.set(inputs_embeds)
-        self.model(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   past_key_values=cache, use_cache=cache is not None, logits_to_keep=1)
-        self.override.pending = None
-        return self.capture.take()
-
-    def close(self) -> None:
-        self.override.remove()
-        self.capture.remove()
 
 
 class UnslothBackbone(Backbone):

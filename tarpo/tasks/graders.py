@@ -128,11 +128,6 @@ def grade_batch(completions: list[str], examples: list[dict], grader: str | None
     return GRADERS[grader](answers, examples, workers, timeout)
 
 
-def score(completion: str, example: dict, grader: str | None = None, **kwargs) -> float:
-    """Score one completion (see :func:`grade_batch` for the keyword arguments)."""
-    return grade_batch([completion], [example], grader, **kwargs)[0].score
-
-
 def canonical_answers(answers: list[str | None], task: str, workers: int = DEFAULT_WORKERS,
                       timeout: float = DEFAULT_TIMEOUT) -> list[str]:
     """Strings under which equivalent answers coincide, for majority voting ("" = no answer)."""

@@ -11,10 +11,6 @@
   equal the model DDP trains before DDP has wrapped it (DDP starts every rank from rank 0's
   parameters): the frozen reference router is copied from the router in the trainer's ``__init__``,
   and TRL seeds every rank differently before the router is drawn.
-- :func:`any_rank`: one small all-reduce, "does any rank still have a running row", for the
-  lockstep decode of a model sharded layer by layer (every rank must make the same decoder calls; tested,
-  both engines). The trainer's FSDP2 rollout gathers the whole model instead (:mod:`tarpo.training.sharding`),
-  so its ranks decode alone.
 - :func:`rollout_seed`: the noise seed of a rollout, the same on every rank and after a resume.
 - :func:`all_values`: every process's values of a ragged 1-D tensor, for a statistic of the whole batch (the
   entropy quantile of ``top_entropy_quantile``).
@@ -70,17 +66,6 @@ def same_on_every_rank(module: torch.nn.Module) -> torch.nn.Module:
         for tensor in [*module.parameters(), *module.buffers()]:
             dist.broadcast(tensor, src=0)
     return module
-
-
-def any_rank(flag: bool) -> bool:
-    """True when ``flag`` is True on some rank (all ranks call it together); ``flag`` without
-    torch.distributed."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return bool(flag)
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
 
 
 def all_values(accelerator, values: torch.Tensor) -> torch.Tensor:

@@ -90,24 +90,6 @@ def two_class_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return kl_divergence(logp, ref_logp)
 
 
-def aggregate(per_step: torch.Tensor, mask: torch.Tensor, loss_type: str = "grpo",
-              max_completion_length: int | None = None, num_units: float | None = None) -> torch.Tensor:
-    """The batch's loss from per-step losses (zero outside ``mask``), as TRL's ``loss_type``: the aggregation
-    of its entry in :data:`tarpo.losses.LOSSES`:
-
-    - ``grpo``, ``sapo`` (the paper): mean over rows of ``(1/T_i) sum_t`` (T_i = the row's units, hard + soft);
-    - ``bnpo``: ``sum / (units in this batch)``;
-    - ``dr_grpo``: ``sum / (rows * max_completion_length)``;
-    - ``dapo``, ``cispo``: ``sum / num_units``, the units of the whole generation batch on every process, divided
-      by the processes and the optimizer steps it spans (the trainer passes it).
-
-        >>> x, m = torch.tensor([[1., 1., 0.], [3., 0., 0.]]), torch.tensor([[True, True, False], [True, False, False]])
-        >>> [round(float(aggregate(x, m, t, 3, 3.0)), 4) for t in ("grpo", "bnpo", "dr_grpo", "dapo")]
-        [2.0, 1.6667, 0.8333, 1.6667]
-    """
-    return loss_variant(loss_type).aggregate(per_step * mask.float(), mask, max_completion_length, num_units)
-
-
 @dataclass(frozen=True)
 class LossSettings:
     """What :func:`tarpo_loss` is computed with besides the batch's tensors: built once per run from the
@@ -256,7 +238,7 @@ def tarpo_loss(
 
     ``settings.loss_type`` (:data:`tarpo.losses.LOSSES`) gives the per-step surrogate of the token term and of
     the router term alike, each with its own ratio (pi's, rho's) at ``settings.level``, and of the latent term
-    (on-policy, per step), and aggregates every term the same way (:func:`aggregate`; ``grpo`` is the formula
+    (on-policy, per step), and aggregates every term the same way (its ``aggregate``; ``grpo`` is the formula
     above). ``is_weights`` = (token weights, router weights) [B, T], detached, multiply the two policy-gradient
     terms (:func:`mismatch_weights`; the KL terms are not weighted). ``entropy_mask`` [B, T] (:func:`high_entropy_mask`)
     keeps the token term at its steps only; the router and KL terms keep every step (docs/algorithm.md §8).

@@ -12,16 +12,24 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from accelerate import PartialState  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/ (helpers)
 from helpers import BiasedBackbone, decode_kwargs, encode_prompts  # noqa: E402
 
 from tarpo.engine import static_decode  # noqa: E402
-from tarpo.training.distributed import any_rank  # noqa: E402
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
+
+
+def any_rank(flag: bool) -> bool:
+    """True when ``flag`` is True on some rank (all ranks call it together): the ``lockstep`` of the rollout
+    engines, one small all-reduce per check, "does any rank still have a running row"."""
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 class StepCounter:
