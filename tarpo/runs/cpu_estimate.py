@@ -3,6 +3,11 @@
 A launcher run without CUDA (a laptop with a 135M-360M instruct model, say) measures, before the
 first step, what one step is made of on this machine, and prints the estimate:
 
+- **length**: how long the model's completions are. An instruct model usually ends its answer long
+  before ``max_completion_length``; a step decodes until its longest row ends and trains every row
+  padded to that length. :func:`completion_lengths` samples a completion for a few of the run's own
+  prompts at the run's temperature, up to :data:`PROBE_TOKENS` new tokens (a row still running then
+  counts at the full ``max_completion_length``); the estimate takes their longest;
 - **decode**: ``rows`` completions draw one token per step; the probe times a few cached decode
   steps of the whole batch (the eager engine's work: one forward of ``rows`` tokens over the cache);
 - **prefill**: the prompts' tokens in one forward, at the probe's forward speed (tokens/s);
@@ -10,10 +15,11 @@ first step, what one step is made of on this machine, and prints the estimate:
   training speed (a forward and backward that reaches the inputs with the weights frozen, as LoRA
   training does), plus one more forward for the reference model's log-probs when ``beta`` > 0.
 
-The estimate is an upper bound in one respect (every completion is counted at its full length) and
-a lower bound in another (attention's cost grows with the context; the probe's is short). It is
-printed, not trusted: ``CPU_MAX_HOURS`` (the launchers' variable) refuses a run whose estimate is
-longer, so that nobody starts a week-long run on a laptop by accident.
+Until 2026-11-25 every completion was counted at ``max_completion_length``: a real 135M chat model on
+2 cores was estimated at 199 s for two steps that trained in 56 s. The estimate is printed, not
+trusted: ``CPU_MAX_HOURS`` (the launchers' variable) refuses a run whose estimate is longer, so that
+nobody starts a week-long run on a laptop by accident. ``benchmarks/bench_cpu_estimate.py`` measures
+it against the run.
 
     >>> e = Estimate(decode_step_s=0.05, forward_tok_s=2000.0, train_tok_s=500.0)
     >>> round(e.step_seconds(rows=8, prompt=100, completion=200, beta=0.0), 2)
@@ -29,6 +35,9 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+PROBE_TOKENS = 256  # new tokens the length probe samples at most
+PROBE_PROMPTS = 4   # prompts it samples a completion for
 
 
 @dataclass
@@ -91,6 +100,31 @@ def probe(model, rows: int, length: int = 64) -> Estimate:
             p.requires_grad_(g)
         model.train(was_training)
     return Estimate(decode_step_s=decode, forward_tok_s=batch * length / forward, train_tok_s=batch * length / backward)
+
+
+@torch.no_grad()
+def completion_lengths(model, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int], pad_id: int,
+                       temperature: float) -> list[int]:
+    """The length of one completion sampled for each of ``prompts`` (token ids) at ``temperature``, ending at
+    any of ``stop_ids``: at most :data:`PROBE_TOKENS` tokens are sampled, and a row still running then counts
+    as ``max_new_tokens``. The model is left as it was (mode)."""
+    was_training = model.training
+    model.eval()
+    longest = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (longest - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+    budget = min(max_new_tokens, PROBE_TOKENS)
+    try:
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=budget, do_sample=temperature > 0,
+                             temperature=temperature if temperature > 0 else None, top_k=0, top_p=1.0,
+                             eos_token_id=list(stop_ids), pad_token_id=pad_id)[:, longest:]
+    finally:
+        model.train(was_training)
+    lengths = []
+    for row in out.tolist():
+        ends = [i for i, t in enumerate(row) if t in set(stop_ids)]
+        lengths.append(ends[0] + 1 if ends else (max_new_tokens if len(row) >= budget else len(row)))
+    return lengths
 
 
 def planned_steps(max_steps: int, epochs: float, questions: int, group: int, batch: int) -> int:

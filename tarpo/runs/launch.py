@@ -96,20 +96,26 @@ def check_processes(cfg: dict, devices: int, cpu: bool) -> None:
 def cpu_run_estimate(cfg: dict, model, tokenizer, dataset) -> float:
     """Without CUDA: probe the loaded model (:mod:`tarpo.runs.cpu_estimate`), print the time of a step and
     of the run, and return the run's seconds. Before any file of the run is written."""
-    from .cpu_estimate import describe, planned_steps, probe
+    from .cpu_estimate import PROBE_PROMPTS, completion_lengths, describe, planned_steps, probe
+    from ..models.loading import stop_token_ids
     from ..tasks.prompts import prompt_ids
     t = cfg["trainer"]
     rows = t["per_device_train_batch_size"] * t.get("gradient_accumulation_steps", 1)
     sample = [prompt_ids(tokenizer, p, t["max_prompt_length"], i)[0] for i, p in enumerate(dataset["prompt"][:64])]
     prompt = round(sum(map(len, sample)) / max(1, len(sample)))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    lengths = completion_lengths(model, sample[:PROBE_PROMPTS], t["max_completion_length"],
+                                 stop_token_ids(model, tokenizer), pad, t["temperature"])
+    completion = max(lengths)
     estimate = probe(model, rows)
-    step = estimate.step_seconds(rows, prompt, t["max_completion_length"], t["beta"])
+    step = estimate.step_seconds(rows, prompt, completion, t["beta"])
     steps = planned_steps(t.get("max_steps", -1), t["num_train_epochs"], len(dataset), t["num_generations"],
                           rows * cfg["num_processes"])
-    print(f"CPU estimate: {describe(step)} a step ({rows} completions of up to {t['max_completion_length']} tokens "
-          f"after prompts of ~{prompt}: decode {estimate.decode_step_s * 1000:.0f} ms a token, forward "
-          f"{estimate.forward_tok_s:.0f} tokens/s, training {estimate.train_tok_s:.0f} tokens/s), "
-          f"{steps} steps: {describe(step * steps)} (tarpo/runs/cpu_estimate.py)", flush=True)
+    print(f"CPU estimate: {describe(step)} a step ({rows} completions of up to {t['max_completion_length']} tokens, "
+          f"{completion} in the probe's longest of {len(lengths)}, after prompts of ~{prompt}: decode "
+          f"{estimate.decode_step_s * 1000:.0f} ms a token, forward {estimate.forward_tok_s:.0f} tokens/s, training "
+          f"{estimate.train_tok_s:.0f} tokens/s), {steps} steps: {describe(step * steps)} (tarpo/runs/cpu_estimate.py)",
+          flush=True)
     return step * steps
 
 
