@@ -192,10 +192,11 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     for k, v in trainer.gate.state_dict().items():
         torch.testing.assert_close(gate.state_dict()[k], v)
     assert gate.mixture == trainer.gate.mixture == "full" and gate.c == args.hrpo_c  # evaluation blends as training
-    old = tmp_path / "old"  # a gate saved before the mixture was recorded was trained with the top-k one
+    old = tmp_path / "old"  # a gate of an earlier commit (its mixture not recorded) is refused, naming the file
     old.mkdir()
     save_file({k: v.contiguous() for k, v in gate.state_dict().items()}, str(old / HRPO_WEIGHTS), metadata={"c": "8.0"})
-    assert load_gate(str(old)).mixture == "top_k"
+    with pytest.raises(ValueError, match=r"old/hrpo_gate.safetensors: no mixture in its metadata"):
+        load_gate(str(old))
     examples = [{"id": "q", "prompt": [{"role": "user", "content": "question 1?"}]}]
     recs = sample(trainer.model, None, tokenizer, examples, 2, RolloutSpec(max_new_tokens=8), mode="hrpo",
                   max_prompt_length=64, gate=gate, generator=torch.Generator().manual_seed(0))

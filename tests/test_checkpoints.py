@@ -140,32 +140,47 @@ FILES = ["adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "sc
          "router_ref/router_config.json"]
 
 
-def fake_checkpoint(run_dir, step, files=FILES):
+def fake_checkpoint(run_dir, step, drop=(), manifest=True):
+    """``checkpoint-N`` as a save writes it (FILES, then their manifest), less the files in ``drop``."""
+    from tarpo.training.checkpoints import write_manifest
+
     folder = run_dir / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    for name in files:
+    for name in FILES:
         (folder / name).parent.mkdir(exist_ok=True)
         (folder / name).write_text(json.dumps({"global_step": step}))
+    if manifest:
+        write_manifest(str(folder))
+    for name in drop:
+        os.remove(folder / name)
     return folder
 
 
 def test_resume_takes_the_newest_complete_checkpoint_and_names_the_incomplete_ones(tmp_path):
-    from tarpo.training.checkpoints import last_complete_checkpoint
+    from tarpo.training.checkpoints import last_complete_checkpoint, resume_point
 
     run = tmp_path / "run"
     fake_checkpoint(run, 1)
     good = fake_checkpoint(run, 2)
-    fake_checkpoint(run, 3, [f for f in FILES if not f.startswith("router_ref/")])
-    fake_checkpoint(run, 4, ["adapter_model.safetensors", "adapter_config.json"])
-    fake_checkpoint(run, 5, [])
+    fake_checkpoint(run, 3, drop=["router_ref/router.safetensors", "router_ref/router_config.json"])
+    fake_checkpoint(run, 4, manifest=False)  # not written by this version
+    (run / "checkpoint-5").mkdir()
+    (fake_checkpoint(run, 7) / "optimizer.pt").write_text("{}")  # cut short
     (run / ".checkpoint-6.tmp" / "checkpoint-6").mkdir(parents=True)
     said = []
     assert last_complete_checkpoint(str(run), report=said.append) == str(good)
     text = "\n".join(said)
-    for name, missing in [("checkpoint-3", "router_ref"), ("checkpoint-4", "optimizer.pt"), ("checkpoint-5", "empty")]:
+    for name, missing in [("checkpoint-3", "missing router_ref/router.safetensors, router_ref/router_config.json"),
+                          ("checkpoint-4", "missing checkpoint_manifest.json"), ("checkpoint-5", "empty"),
+                          ("checkpoint-7", "optimizer.pt (2 of 18 bytes)"), (".checkpoint-6.tmp", "did not finish")]:
         assert any(name in line and missing in line for line in said), text
     assert "checkpoint-1" not in text and "checkpoint-2" not in text
     assert last_complete_checkpoint(str(tmp_path / "nothing"), report=said.append) is None
+    with pytest.raises(ValueError, match="checkpoint-4 has no checkpoint_manifest.json: it was not written by this"):
+        resume_point(str(run / "checkpoint-4"), str(run), print)
+    with pytest.raises(ValueError, match="checkpoint-3 is incomplete .missing router_ref/router.safetensors"):
+        resume_point(str(run / "checkpoint-3"), str(run), print)
+    assert resume_point(True, str(run), said.append) == str(good)
 
 
 def test_a_run_is_finished_when_its_adapter_says_it_reached_the_planned_steps(tmp_path):
@@ -183,7 +198,7 @@ def test_a_run_is_finished_when_its_adapter_says_it_reached_the_planned_steps(tm
     assert finished_step(str(run), -1, 2.0) is None
     fake_checkpoint(run, 4)  # a later run trained past the adapter and was killed before its final save
     assert finished_step(str(run), 3, 1.0) is None
-    # publishing over an incomplete folder (an older version's leftover) replaces it, leaving nothing aside
+    # publishing over an incomplete folder replaces it, leaving nothing aside
     staged = tmp_path / "staged"
     staged.mkdir()
     (staged / "x").write_text("new")
@@ -214,18 +229,20 @@ def test_disk_full_is_recognised_in_each_form_a_save_reports_it(tmp_path, monkey
     assert not is_disk_full(ValueError("bad value"), str(tmp_path))
 
 
-def test_plot_reads_one_record_per_step_the_latest(tmp_path):
+def test_plot_reads_one_record_per_step_and_refuses_a_step_logged_twice(tmp_path):
     from tarpo.evaluation.plot import read_log
 
     path = tmp_path / "metrics.jsonl"
-    steps = [1, 2, 1, 2, 3, 4, 4, 5]  # a run resumed twice, each time from an earlier checkpoint
     with open(path, "w") as f:
-        for i, s in enumerate(steps):
-            f.write(json.dumps({"step": s, "reward": float(i)}) + "\n")
-        f.write(json.dumps({"step": 5, "train_runtime": 1.0}) + "\n")
-        f.write('{"step": 6, "rew')  # a line cut by a kill
-    rows = read_log(str(path))
-    assert [(r["step"], r["reward"]) for r in rows] == [(1, 2.0), (2, 3.0), (3, 4.0), (4, 6.0), (5, 7.0)]
+        for s in [1, 2, 3]:
+            f.write(json.dumps({"step": s, "reward": float(s)}) + "\n")
+        f.write(json.dumps({"step": 3, "train_runtime": 1.0}) + "\n")
+        f.write('{"step": 4, "rew')  # a line cut by a kill
+    assert [(r["step"], r["reward"]) for r in read_log(str(path))] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    with open(path, "a") as f:
+        f.write("\n" + json.dumps({"step": 2, "reward": 0.0}) + "\n")  # two runs in one file
+    with pytest.raises(ValueError, match=r"metrics.jsonl: step 2 is logged twice"):
+        read_log(str(path))
 
 
 def test_metrics_log_drops_the_steps_a_resumed_run_rolls_back(tmp_path):
@@ -264,7 +281,7 @@ def test_trainer_resumes_from_the_newest_complete_checkpoint_and_trains_nothing_
     run = tmp_path / "run"
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(("checkpoint", "."))) == [
         "checkpoint-1", "checkpoint-2"]
-    fake_checkpoint(run, 3, ["adapter_model.safetensors"])  # a kill's leftover of an older version
+    fake_checkpoint(run, 3, drop=["optimizer.pt"])  # a checkpoint that lost a file
     again = trainer(2)
     again.train(resume_from_checkpoint=True)  # checkpoint-2, already at max_steps: nothing to train
     assert again.state.global_step == 2

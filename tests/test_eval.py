@@ -115,9 +115,9 @@ def test_the_engine_is_a_setting_of_the_samples(tiny, tmp_path, capsys):
     settings = json.load(open(tmp_path / "gsm8k.settings.json"))
     assert settings["engine"] == "compiled"
     assert cli(eval_args(tiny, tmp_path, "--limit", "2", "--engine", "eager")) == 2
-    assert "engine: 'compiled' -> None" in capsys.readouterr().err  # None: eager, as files older than engines
+    assert "engine: 'compiled' -> 'eager'" in capsys.readouterr().err
     assert cli(eval_args(tiny, tmp_path / "eager", "--limit", "2")) == 0  # auto on the CPU: eager
-    assert json.load(open(tmp_path / "eager" / "gsm8k.settings.json"))["engine"] is None
+    assert json.load(open(tmp_path / "eager" / "gsm8k.settings.json"))["engine"] == "eager"
     a, b = lines(tmp_path / "gsm8k.jsonl"), lines(tmp_path / "eager" / "gsm8k.jsonl")
     assert len(a) == len(b) == 8 and [r["tokens"] for r in a] != [r["tokens"] for r in b]
 

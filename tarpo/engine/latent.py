@@ -112,9 +112,12 @@ class HrpoGate(nn.Module):
         state = load_file(path)
         from safetensors import safe_open
         with safe_open(path, "pt") as f:
-            meta = f.metadata()
-        # a gate saved before the mixture was recorded was trained with the top-k mixture
-        gate = cls(state["lam"].shape[0], c=float(meta["c"]), seed=None, mixture=meta.get("mixture", "top_k"))
+            meta = f.metadata() or {}
+        lacking = [key for key in ("c", "mixture") if key not in meta]
+        if lacking:  # a gate of an earlier commit: its mixture was not recorded
+            raise ValueError(f"{path}: no {' or '.join(lacking)} in its metadata; this version of tarpo reads only "
+                             "the gates it writes (train the HRPO run again)")
+        gate = cls(state["lam"].shape[0], c=float(meta["c"]), seed=None, mixture=meta["mixture"])
         gate.load_state_dict(state)
         return gate.to(device) if device is not None else gate
 

@@ -41,16 +41,13 @@ def task_settings(args, task: str) -> dict:
         "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
         "action_temperature": args.action_temperature, "soft_top_k": args.soft_top_k,
         "router": "argmax" if args.router_argmax else "sample", "entropy_threshold": args.entropy_threshold,
-        # only mode entropy reads it (None elsewhere, so files written before it existed still resume)
+        # only mode entropy reads them (None elsewhere: another mode's file resumes whatever they are)
         "entropy_temperature": args.entropy_temperature if MODES[args.mode].rule.soft_when == ENTROPY else None,
-        # recorded where it is not the default "high", so files written before it existed still resume
-        "entropy_soft_when": (args.entropy_soft_when if MODES[args.mode].rule.soft_when == ENTROPY
-                              and args.entropy_soft_when != "high" else None),
+        "entropy_soft_when": args.entropy_soft_when if MODES[args.mode].rule.soft_when == ENTROPY else None,
         "max_prompt_length": args.max_prompt_length or prompt_len, "max_new_tokens": args.max_new_tokens or new_tokens,
         "seed": args.seed, "limit": args.limit, "data": args.data_dir and os.path.join(args.data_dir, task),
         "grader": args.grader or TASKS[task].grader, "dtype": args.dtype,
-        # the engine decides the random stream; None = eager, as files written before engines existed
-        "engine": None if args.engine == "eager" else args.engine,
+        "engine": args.engine,  # the engine decides the random stream
     }
 
 

@@ -16,14 +16,14 @@ PANELS = [("entropy", "training entropy (nats)"), ("completions/mean_units", "tr
 
 def read_log(path: str) -> list[dict]:
     """Training log records (those with a reward) of a run folder or metrics.jsonl file, one per
-    step in step order: of a step logged more than once (a resumed run trains the steps after its
-    checkpoint again; older logs may keep both), the latest. A line that is not a
-    JSON record (cut by a kill) is skipped."""
+    step in step order (the trainer's log keeps one record per step: a resumed run drops those of
+    the steps it trains again, :class:`tarpo.training.callbacks.JsonlLogger`); a step logged twice
+    is an error. A line that is not a JSON record (cut by a kill) is skipped."""
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no metrics log (metrics.jsonl) there")
-    latest = {}
+    by_step = {}
     with open(path) as f:
         for line in f:
             try:
@@ -31,8 +31,11 @@ def read_log(path: str) -> list[dict]:
             except ValueError:
                 continue
             if isinstance(record, dict) and "reward" in record and "step" in record:
-                latest[record["step"]] = record
-    rows = [latest[step] for step in sorted(latest)]
+                if record["step"] in by_step:
+                    raise ValueError(f"{path}: step {record['step']} is logged twice (a log of an earlier tarpo "
+                                     "commit, or two runs in one file); this version reads one record per step")
+                by_step[record["step"]] = record
+    rows = [by_step[step] for step in sorted(by_step)]
     if not rows:
         raise ValueError(f"{path}: no training steps logged")
     return rows

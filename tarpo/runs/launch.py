@@ -240,8 +240,8 @@ def train(cfg: dict) -> str:
     # validates every field before the model loads; BF16=1 without CUDA: bf16 mixed precision on the CPU
     cpu_bf16 = {"use_cpu": True} if cfg["trainer"]["bf16"] and not torch.cuda.is_available() else {}
     args = TarpoConfig(**cfg["trainer"], **cpu_bf16)  # report_to: REPORT_TO, none by default
-    adapter, gate = os.path.join(run_dir, "adapter"), ROUTINGS[args.routing].gate
-    done = finished_step(run_dir, args.max_steps, args.num_train_epochs, gate=gate)
+    adapter = os.path.join(run_dir, "adapter")
+    done = finished_step(run_dir, args.max_steps, args.num_train_epochs)
     if done is not None:  # a re-run of a finished run: nothing is loaded, trained or written
         if main:
             print(f"run already finished at step {done}; nothing to do ({adapter} is its adapter; raise MAX_STEPS "
@@ -273,7 +273,7 @@ def train(cfg: dict) -> str:
             print(f"removed {name}: a save that a kill or a full disk interrupted")
     trainer.accelerator.wait_for_everyone()  # the others look for checkpoints once those are gone
     # the newest complete checkpoint; the main process says which it skips
-    last = last_complete_checkpoint(run_dir, gate=gate, report=print if main else lambda _: None)
+    last = last_complete_checkpoint(run_dir, report=print if main else lambda _: None)
     if last is not None and main:
         print(f"resuming from {last}")
     try:

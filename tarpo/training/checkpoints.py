@@ -8,8 +8,9 @@ router, the reference router and HRPO's gate included, then a manifest of every 
 temporary folder that no one resumes from (:func:`remove_partial_saves` deletes it).
 
 A re-run resumes from :func:`last_complete_checkpoint`: the highest-numbered ``checkpoint-N``
-whose manifest matches its files (or, for a checkpoint written before manifests, that has every
-file a resume reads); it names the incomplete ones it skips. A save that runs out of disk space
+whose manifest matches its files; it names the incomplete ones it skips. A folder without a manifest was
+not written by this version (0.1.0 reads only the checkpoints it writes, docs/design-notes.md) and is
+incomplete: it lacks :data:`MANIFEST`. A save that runs out of disk space
 (:func:`is_disk_full`: ``ENOSPC``, or the errno-less errors that torch's zip writer raises on a
 full disk) raises :class:`DiskFull` naming the checkpoint and the folder, and leaves nothing of it.
 
@@ -33,11 +34,6 @@ MANIFEST = "checkpoint_manifest.json"
 FINAL_STATE = "final_state.json"
 TRAINER_STATE = "trainer_state.json"
 EMPTY = "everything (the folder is empty)"
-# What a resume reads, for checkpoints written before manifests (older tarpo versions)
-WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "model.safetensors.index.json",
-           "pytorch_model.bin")
-REQUIRED = ("optimizer.pt", "scheduler.pt", TRAINER_STATE, "router.safetensors", "router_config.json",
-            "router_ref/router.safetensors", "router_ref/router_config.json")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _PARTIAL = re.compile(r"^\.(checkpoint-\d+|adapter)\.(tmp|old)$")
 
@@ -168,48 +164,29 @@ def remove_partial_saves(run_dir: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- reading
-def missing_files(folder: str, gate: bool = False) -> list[str]:
-    """What ``folder`` lacks for a resume (empty when it is a complete checkpoint). With a manifest:
-    the files it lists that are absent or of another size; without (older checkpoints): the files a
-    resume reads (``gate``: HRPO's gate too)."""
+def missing_files(folder: str) -> list[str]:
+    """What ``folder`` lacks for a resume (empty when it is a complete checkpoint): the files its manifest
+    lists that are absent or of another size; :data:`MANIFEST` itself when there is none."""
     try:
         names = os.listdir(folder)
     except OSError:
         return ["the folder"]
     if not names:
         return [EMPTY]
-    if MANIFEST in names:
-        try:
-            with open(os.path.join(folder, MANIFEST)) as f:
-                listed = json.load(f)["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return [f"{MANIFEST} (unreadable)"]
-        out = []
-        for rel, size in listed.items():
-            path = os.path.join(folder, rel)
-            if not os.path.isfile(path):
-                out.append(rel)
-            elif os.path.getsize(path) != size:
-                out.append(f"{rel} ({os.path.getsize(path)} of {size} bytes)")
-        return out
-
-    def present(rel):
+    if MANIFEST not in names:
+        return [MANIFEST]
+    try:
+        with open(os.path.join(folder, MANIFEST)) as f:
+            listed = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [f"{MANIFEST} (unreadable)"]
+    out = []
+    for rel, size in listed.items():
         path = os.path.join(folder, rel)
-        return os.path.isfile(path) and os.path.getsize(path) > 0
-
-    if any(present(w) for w in WEIGHTS) and not present("adapter_model.safetensors") and not present(
-            "adapter_model.bin"):  # a full model's weights
-        out = [] if present("config.json") else ["config.json"]
-    else:
-        out = [] if present("adapter_model.safetensors") or present("adapter_model.bin") else [WEIGHTS[0]]
-        out += [] if present("adapter_config.json") else ["adapter_config.json"]
-    required = list(REQUIRED)
-    if gate:
-        from ..engine.latent import HRPO_WEIGHTS
-        required.append(HRPO_WEIGHTS)
-    out += [rel for rel in required if not present(rel)]
-    if not any(n.startswith("rng_state") and n.endswith(".pth") for n in names):
-        out.append("rng_state.pth")
+        if not os.path.isfile(path):
+            out.append(rel)
+        elif os.path.getsize(path) != size:
+            out.append(f"{rel} ({os.path.getsize(path)} of {size} bytes)")
     return out
 
 
@@ -225,12 +202,12 @@ def checkpoint_folders(run_dir: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def last_complete_checkpoint(run_dir: str, gate: bool = False, report=print) -> str | None:
+def last_complete_checkpoint(run_dir: str, report=print) -> str | None:
     """The newest complete checkpoint of ``run_dir`` (None if there is none); each incomplete one,
     and each temporary folder of an interrupted save, is named through ``report``."""
     newest = None
     for step, path in reversed(checkpoint_folders(run_dir)):
-        missing = missing_files(path, gate)
+        missing = missing_files(path)
         if not missing:
             newest = newest or path
             continue
@@ -248,7 +225,7 @@ def read_state(checkpoint: str) -> dict:
         return json.load(f)
 
 
-def finished_step(run_dir: str, max_steps: int, num_train_epochs: float, gate: bool = False) -> int | None:
+def finished_step(run_dir: str, max_steps: int, num_train_epochs: float) -> int | None:
     """The step at which the run in ``run_dir`` finished, if its final ``adapter/`` is there and nothing
     is left to train (``max_steps`` > 0: that many steps; else the same number of epochs as when it
     finished); None if training has to run (or resume)."""
@@ -264,22 +241,25 @@ def finished_step(run_dir: str, max_steps: int, num_train_epochs: float, gate: b
         target = planned
     else:
         return None
-    done = [s for s, path in checkpoint_folders(run_dir) if s > step and not missing_files(path, gate)]
+    done = [s for s, path in checkpoint_folders(run_dir) if s > step and not missing_files(path)]
     return step if step >= target and not done else None
 
 
-def resume_point(resume_from_checkpoint, output_dir: str, gate: bool, report) -> str | None:
+def resume_point(resume_from_checkpoint, output_dir: str, report) -> str | None:
     """What ``Trainer.train(resume_from_checkpoint=...)`` resumes from: ``True``, the newest *complete*
     checkpoint of ``output_dir`` (the incomplete ones reported); a folder, checked complete; else None."""
     if isinstance(resume_from_checkpoint, bool):
         if not resume_from_checkpoint:
             return None
-        found = last_complete_checkpoint(output_dir, gate=gate, report=report)
+        found = last_complete_checkpoint(output_dir, report=report)
         if found is None:
             raise ValueError(f"No complete checkpoint found in output directory ({output_dir})")
         return found
     if resume_from_checkpoint is not None:
-        missing = missing_files(resume_from_checkpoint, gate=gate)
+        missing = missing_files(resume_from_checkpoint)
+        if missing == [MANIFEST]:
+            raise ValueError(f"{resume_from_checkpoint} has no {MANIFEST}: it was not written by this version of "
+                             "tarpo, which resumes only from the checkpoints it writes")
         if missing:
             raise ValueError(f"{resume_from_checkpoint} is incomplete (missing {', '.join(missing)}): resume from "
                              "a complete checkpoint (tarpo.training.checkpoints.last_complete_checkpoint)")

@@ -380,7 +380,7 @@ class TarpoTrainer(GRPOTrainer):
             super()._load_optimizer_and_scheduler(checkpoint)
 
     def _resume_point(self, resume_from_checkpoint):
-        return checkpoints.resume_point(resume_from_checkpoint, self.args.output_dir, self.gate is not None, logger.warning)
+        return checkpoints.resume_point(resume_from_checkpoint, self.args.output_dir, logger.warning)
 
     def _at_the_end(self, checkpoint) -> bool:
         """Whether ``checkpoint`` is at the last step of this training (the Trainer would still train
