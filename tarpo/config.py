@@ -24,6 +24,20 @@ ENTROPY_SIDES = ("high", "low")                  # 'entropy' routing: soft where
 ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.engine.rollout, tarpo.engine.static_decode)
 
 
+def sampling_problem(settings) -> tuple[str, str] | None:
+    """``(field, why)`` of the first invalid sampling setting that ``settings`` has (a TarpoConfig, a RolloutSpec,
+    ``tarpo eval``'s flags), else None: the one rule of the three, each refusing it under its own name."""
+    rules = {"temperature": (lambda v: v > 0, "must be > 0 (the log-probs are scored at this temperature)"),
+             "top_k": (lambda v: v is not None and v >= 0, "must be >= 0 (0 disables top-k filtering)"),
+             "top_p": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+             "soft_top_k": (lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1"),
+             "entropy_threshold": (lambda v: v >= 0, "must be >= 0"),
+             "entropy_soft_when": (lambda v: v in ENTROPY_SIDES, f"must be one of {', '.join(ENTROPY_SIDES)}"),
+             **{name: (lambda v: v > 0, "must be > 0") for name in ("action_temperature", "entropy_temperature")}}
+    return next(((name, why) for name, (valid, why) in rules.items()
+                 if hasattr(settings, name) and not valid(getattr(settings, name))), None)
+
+
 def resolve_optimizer(name: str) -> str:
     """The 8-bit optimizers need bitsandbytes; paging needs CUDA. Fall back explicitly."""
     if "8bit" in name or "bnb" in name or name.startswith("paged"):
@@ -266,11 +280,11 @@ class TarpoConfig(GRPOConfig):
     rollout_engine: str = field(
         default="auto", metadata={"help": "Decode engine of the rollouts: 'eager', the reference loop (any backend; "
                                           "with BACKEND=unsloth it is Unsloth's fast decode path); 'compiled', one "
-                                          "static-shape step under torch.compile (CUDA graphs on CUDA), transformers "
-                                          "backend only (tarpo.engine.static_decode); 'auto', compiled on the transformers "
-                                          "backend on CUDA, eager with Unsloth and on the CPU (where compiling a "
-                                          "deep model costs more than a short run saves). In training both engines draw the same samples (keyed noise, "
-                                          "docs/rollout-engines.md)."})
+                                          "static-shape step under torch.compile (CUDA graphs on CUDA) over the "
+                                          "model's own tensors, any backend (tarpo.engine.static_decode); 'auto', "
+                                          "the choice of tarpo.engine.engine_choice (compiled on CUDA; eager on the "
+                                          "CPU unless the run's timed first rollout shows compiling repays). In "
+                                          "training both engines draw the same samples (docs/rollout-engines.md)."})
     compact_finished_rows: bool = field(
         default=True, metadata={"help": "Drop finished rows from the decode batch and KV cache so they stop "
                                         "costing work (docs/algorithm.md §1). Changes the random stream versus "
@@ -287,7 +301,7 @@ class TarpoConfig(GRPOConfig):
             raise ValueError(f"TarpoConfig.{name}={getattr(self, name)!r}: {why}")
 
         for name in ("learning_rate", "router_lr", "hrpo_lr", "hrpo_lambda_lr", "beta", "lambda_act",
-                     "alpha_action_kl", "weight_decay", "entropy_threshold", "warmup_steps"):
+                     "alpha_action_kl", "weight_decay", "warmup_steps"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
@@ -300,16 +314,8 @@ class TarpoConfig(GRPOConfig):
             bad("routing", f"must be one of {', '.join(ROUTINGS)}")
         if self.token_kl not in TOKEN_KL_MODES:
             bad("token_kl", f"must be one of {TOKEN_KL_MODES}")
-        if not isinstance(self.soft_top_k, int) or self.soft_top_k < 1:
-            bad("soft_top_k", "must be an integer >= 1")
-        if self.top_k is None or self.top_k < 0:
-            bad("top_k", "must be >= 0 (0 disables top-k filtering)")
-        if not 0.0 < self.top_p <= 1.0:
-            bad("top_p", "must be in (0, 1]")
-        if self.temperature <= 0:
-            bad("temperature", "must be > 0 (the log-probs are scored at this temperature)")
-        if self.action_temperature <= 0:
-            bad("action_temperature", "must be > 0")
+        if (problem := sampling_problem(self)) is not None:
+            bad(*problem)
         if len(self.action_bias) != 2:
             bad("action_bias", "must be two numbers [hard, soft]")
         if self.router_init_std < 0:
@@ -336,10 +342,6 @@ class TarpoConfig(GRPOConfig):
         if self.hrpo_mixture not in HRPO_MIXTURES:
             bad("hrpo_mixture", f"must be one of {HRPO_MIXTURES}")
         self.validate_loss()
-        if self.entropy_soft_when not in ENTROPY_SIDES:
-            bad("entropy_soft_when", f"must be one of {ENTROPY_SIDES}")
-        if self.entropy_temperature <= 0:
-            bad("entropy_temperature", "must be > 0")
         for name, (value, why) in PINNED.items():
             if getattr(self, name) != value:
                 bad(name, f"TarpoTrainer runs only {value!r}: {why}")

@@ -73,6 +73,18 @@ class Routing:
         """A soft step still feeds ``E(v_t)`` (HRPO's blend), so its token stays in the policy gradient."""
         return self.soft_input == HRPO_GATE
 
+    def full_mixture(self, hrpo_mixture: str | None) -> bool:
+        """A soft step feeds, and the rollout records (``Rollout.soft_inputs``), a ``d``-wide full-vocabulary
+        mixture: Soft Tokens' noisy one, or the one HRPO's gate blends when ``hrpo_mixture`` is ``"full"``
+        (TarpoConfig.hrpo_mixture). The decode step and the memory plan both ask this.
+
+            >>> [ROUTINGS[r].full_mixture("full") for r in ("soft_tokens", "hrpo", "learned")]
+            [True, True, False]
+            >>> ROUTINGS["hrpo"].full_mixture("top_k")
+            False
+        """
+        return self.soft_input == GAUSSIAN or (self.soft_input == HRPO_GATE and hrpo_mixture == "full")
+
 
 ROUTINGS = {r.name: r for r in (
     Routing("learned", ROUTER, TOP_K, "router", "tarpo", "TARPO", "tarpo",
@@ -99,6 +111,9 @@ ROUTINGS = {r.name: r for r in (
 ALGOS = {r.algo: r for r in ROUTINGS.values()}
 
 
+SAMPLES = 32  # samples per question of a sampled mode: the paper's n, of pass@32 and maj@32 (docs/algorithm.md §7)
+
+
 @dataclass(frozen=True)
 class Mode:
     name: str         # tarpo eval --mode
@@ -110,6 +125,11 @@ class Mode:
     @property
     def rule(self) -> Routing:
         return ROUTINGS[self.routing]
+
+    @property
+    def samples(self) -> int:
+        """Samples per question unless asked otherwise (``tarpo eval --n``, the launchers' ``EVAL_N``)."""
+        return 1 if self.greedy else SAMPLES
 
 
 MODES = {m.name: m for m in (

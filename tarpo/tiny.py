@@ -15,6 +15,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from .architectures import ARCHITECTURES
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [("#", "#"), ("##", "##"), ("\n", "\n"), (" ", " ")]
 CHAT_TEMPLATE = (
@@ -73,13 +75,10 @@ def tiny_causal_lm(tokenizer, arch: str = "qwen2", hidden_size: int = 64, layers
     return cls_model(config).eval()
 
 
-# The Qwen2.5-1.5B(-Instruct) configuration: random weights of the real shape, for GPU checks.
-QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True)
-QWEN25_3B = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                 rms_norm_eps=1e-6, tie_word_embeddings=True)
+# The Qwen2.5-1.5B and 3B(-Instruct) configurations (tarpo.architectures): random weights of the real shape, for GPU
+# checks; Qwen2Config's keywords, so without the model_type
+QWEN25_15B, QWEN25_3B = ({k: v for k, v in ARCHITECTURES[name].items() if k != "model_type"}
+                         for name in ("qwen2.5-1.5b", "qwen2.5-3b"))
 
 
 def random_model_dir(root: str, config: dict = QWEN25_15B, dtype=torch.bfloat16, seed: int = 0,

@@ -254,4 +254,4 @@ def test_entropy_temperature_works_in_tarpo_eval(tiny, tmp_path, capsys):
     assert ratios["1e-05"] == 0 and ratios["100"] > 0.5
     assert cli(["eval", "--model", tiny[0], "--mode", "entropy", "--tasks", "gsm8k", "--entropy-temperature", "0",
                 "--out", str(tmp_path / "bad")]) == 2
-    assert "--entropy-temperature must be > 0" in capsys.readouterr().err
+    assert "--entropy-temperature 0.0: must be > 0" in capsys.readouterr().err

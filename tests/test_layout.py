@@ -16,7 +16,8 @@ MAX_FUNCTION_LINES = 60  # a function's body, its docstring not counted, in the 
 SHORT_FUNCTIONS = ("engine", "training")
 # The layers, lowest first: a module imports from its own layer or a lower one, never a higher one.
 LAYERS = [
-    {"tarpo.config", "tarpo.routing", "tarpo.files", "tarpo.losses"},  # settings, the routing and loss tables: no model code
+    {"tarpo.config", "tarpo.routing", "tarpo.files", "tarpo.losses",  # settings, the routing and loss tables,
+     "tarpo.architectures"},                                             # the presets' architectures: no model code
     {"tarpo.engine", "tarpo.tasks"},                   # the rollout; data and grading
     {"tarpo.patches", "tarpo.tiny"},                   # Unsloth's forward serving the engine; tiny test models
     {"tarpo.models"},                                  # loading a policy and its backend
@@ -372,3 +373,170 @@ def test_the_three_launchers_share_one_body_that_lists_every_variable():
         launcher = open(os.path.join(ROOT, f"run_{dataset}.sh")).read()
         assert launcher.rstrip().endswith(f'exec bash "$(dirname "$0")/scripts/launch.sh" {dataset}')
         assert len(launcher.splitlines()) < 20
+
+
+# ---- one owner per rule (issue 36): each rule is written once, in the module named here, and read everywhere else
+OWNERS = {  # a name defined (a function, class or method, or assigned at a module's top level) -> its one module
+    "engine_for": "tarpo/engine/engine_choice.py", "check_engine": "tarpo/engine/engine_choice.py",
+    "cache_length": "tarpo/engine/static_decode.py", "CACHE_BUCKET": "tarpo/engine/static_decode.py",
+    "full_mixture": "tarpo/routing.py", "SAMPLES": "tarpo/routing.py", "sampling_problem": "tarpo/config.py",
+    "ENGINES": "tarpo/config.py", "BACKENDS": "tarpo/models/loading.py", "DTYPES": "tarpo/models/loading.py",
+    "ARCHITECTURES": "tarpo/architectures.py",
+}
+SHAPE_FIELDS = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "vocab_size"}
+
+
+def defined(package: dict[str, str]) -> dict[str, set[str]]:
+    """name -> the files of ``package`` (path -> source) that define it: a function, class or method anywhere, or a
+    name assigned at a module's top level."""
+    out = {}
+    for path, source in package.items():
+        tree = ast.parse(source)
+        names = [n.name for n in ast.walk(tree)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        for node in tree.body:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            names += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        for name in names:
+            out.setdefault(name, set()).add(path)
+    return out
+
+
+def sampling_fields() -> set[str]:
+    """The settings :func:`tarpo.config.sampling_problem` checks: the names it asks a settings object for."""
+    from tarpo.config import sampling_problem
+
+    asked = set()
+
+    class Probe:
+        def __getattr__(self, name):
+            asked.add(name)
+            raise AttributeError(name)
+
+    assert sampling_problem(Probe()) is None
+    return asked
+
+
+def names_in(node) -> set[str]:
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def constants_in(node) -> set:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
+
+
+def refuses(body) -> bool:
+    """``body`` raises, or calls the config's ``bad`` (which raises)."""
+    return any(isinstance(n, ast.Raise) or isinstance(n, ast.Call) and getattr(n.func, "id", None) == "bad"
+               for stmt in body for n in ast.walk(stmt))
+
+
+def sample_counts(node) -> list:
+    """What ``node`` sets the samples per question with: an ``"eval_n"`` key's value, a ``--n`` flag, ``x.n = ...``."""
+    if isinstance(node, ast.Dict):
+        return [v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value == "eval_n"]
+    if isinstance(node, ast.Call) and node.args and getattr(node.args[0], "value", None) == "--n":
+        return [node]
+    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "n" for t in node.targets):
+        return [node.value]
+    return []
+
+
+def thirty_two(node) -> bool:
+    return any(type(v) is int and v == 32 or isinstance(v, str) and re.search(r"\b32\b", v)
+               for v in constants_in(node))
+
+
+def shape_sizes(node) -> int:
+    """How many sizes of an architecture (SHAPE_FIELDS) ``node`` writes as numbers, as keywords or as dict keys."""
+    pairs = [(k.arg, k.value) for k in getattr(node, "keywords", [])]
+    if isinstance(node, ast.Dict):
+        pairs += [(getattr(k, "value", None), v) for k, v in zip(node.keys, node.values)]
+    return sum(k in SHAPE_FIELDS and isinstance(v, ast.Constant) for k, v in pairs)
+
+
+# rule -> (the OWNERS name whose module may write it, None: no module; does this AST node write it, given the
+# sampling fields)
+RESTATED = {
+    "cache bucket": ("CACHE_BUCKET", lambda n, sampling: "CACHE_BUCKET" in (
+        getattr(n, "id", None), getattr(n, "attr", None), n.name if isinstance(n, ast.alias) else None)),
+    "engine choice": ("engine_for", lambda n, sampling: isinstance(n, ast.IfExp) and (
+        constants_in(n.body) | constants_in(n.orelse) == {"compiled", "eager"})),
+    "full mixture": ("full_mixture", lambda n, sampling: isinstance(n, ast.Compare) and "full" in constants_in(n)
+                     and "mixture" in ast.unparse(n)),
+    "sampling check": ("sampling_problem", lambda n, sampling: isinstance(n, (ast.If, ast.For)) and refuses(
+        n.body) and bool(names_in(n.test) & sampling if isinstance(n, ast.If) else constants_in(n.iter) & sampling)),
+    "choices typed out": (None, lambda n, sampling: isinstance(n, ast.keyword) and n.arg == "choices" and isinstance(
+        n.value, (ast.List, ast.Tuple)) and all(isinstance(e, ast.Constant) for e in n.value.elts)),
+    "architecture": ("ARCHITECTURES", lambda n, sampling: shape_sizes(n) >= 3),  # a small test model's 1 or 2 are not
+    "samples per question": ("SAMPLES", lambda n, sampling: any(thirty_two(v) for v in sample_counts(n))),
+}
+
+
+def restatements(path: str, source: str, sampling: set[str]) -> list[tuple[int, str]]:
+    """``(line, rule)`` wherever ``source`` (the file ``path``) writes again a rule of RESTATED that another module
+    owns: arithmetic on the cache bucket, a choice between the engines, the full-mixture test, a check of a
+    sampling setting, a ``choices`` list typed out, a published architecture's shape, the paper's 32 samples."""
+    return sorted({(node.lineno, rule) for node in ast.walk(ast.parse(source))
+                   for rule, (owner, writes) in RESTATED.items()
+                   if (owner is None or OWNERS[owner] != path) and writes(node, sampling)})
+
+
+def package_sources() -> dict[str, str]:
+    """``tarpo/...py`` -> source, for every module of the package (patches/ left out)."""
+    return {os.path.relpath(path, ROOT): open(path).read() for name, path in modules().items()
+            if not name.startswith("tarpo.patches")}
+
+
+def test_each_rule_has_one_owner_that_the_rest_reads():
+    package = package_sources()
+    where = defined(package)
+    assert {name: sorted(where.get(name, ())) for name in OWNERS} == {name: [path] for name, path in OWNERS.items()}
+    sampling = sampling_fields()
+    assert sampling >= {"temperature", "top_k", "top_p", "soft_top_k", "entropy_temperature", "entropy_soft_when"}
+    assert {path: found for path, source in package.items() if (found := restatements(path, source, sampling))} == {}
+    from tarpo.architectures import ARCHITECTURES
+    from tarpo.runs.presets import MODELS
+    assert all(MODELS[name]["config"] is ARCHITECTURES[name] for name in MODELS)
+
+
+def test_a_rule_written_again_is_found():
+    source = """\
+from .static_decode import CACHE_BUCKET
+def cache_length(run):
+    return -(-run.length // CACHE_BUCKET) * CACHE_BUCKET
+engine = "compiled" if cuda else "eager"
+full = rule.gaussian or (rule.gate and t.get("hrpo_mixture") == "full")
+for name in ("temperature", "action_temperature"):
+    if getattr(args, name) <= 0:
+        raise ValueError(name)
+if not 0 < self.top_p <= 1:
+    bad("top_p", "must be in (0, 1]")
+p.add_argument("--engine", choices=["auto", "eager", "compiled"])
+QWEN = dict(hidden_size=1536, num_hidden_layers=28, vocab_size=151936)
+cfg = {"eval_tasks": tasks, "eval_n": s.get("EVAL_N", 32)}
+p.add_argument("--n", type=int, help="samples per question (default 32; greedy: 1)")
+args.n = 1 if greedy else 32
+"""
+    assert restatements("tarpo/x.py", source, {"temperature", "top_p"}) == [
+        (1, "cache bucket"), (3, "cache bucket"), (4, "engine choice"), (5, "full mixture"), (6, "sampling check"),
+        (9, "sampling check"), (11, "choices typed out"), (12, "architecture"), (13, "samples per question"),
+        (14, "samples per question"), (15, "samples per question")]
+    assert defined({"tarpo/a.py": source, "tarpo/b.py": "class R:\n    def cache_length(self): pass\n"})[
+        "cache_length"] == {"tarpo/a.py", "tarpo/b.py"}
+    assert defined({"tarpo/a.py": "QWEN, LLAMA = {}, {}\n"}) == {"QWEN": {"tarpo/a.py"}, "LLAMA": {"tarpo/a.py"}}
+    readers = """\
+full_mix = rule.full_mixture(t.get("hrpo_mixture")); kl = t.get("token_kl") == "full"
+p.add_argument("--engine", choices=ENGINES); p.add_argument("--dtype", choices=["auto", *DTYPES])
+args.n = MODES[args.mode].samples; batch = dict(per_device_train_batch_size=32); config = ARCHITECTURES["qwen2.5-3b"]
+MODEL = dict(hidden_size=128, intermediate_size=384); tokenizer = bpe_tokenizer(corpus, vocab_size=400)
+if (problem := sampling_problem(args)) is not None:
+    raise ValueError(problem)
+if top_k > 0:
+    logits = logits.topk(top_k)
+"""
+    assert restatements("tarpo/x.py", readers, {"temperature", "top_k"}) == []
+    assert restatements("tarpo/engine/engine_choice.py", 'e = "compiled" if cuda else "eager"\n', set()) == []

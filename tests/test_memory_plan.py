@@ -125,9 +125,9 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
 
     model = tiny("llama", 64, 160, 3, 4, 2, 300).to(torch.bfloat16)
     run = mp.Run(rows=4, prompt=40, completion=50, engine="compiled")
-    assert mp.cache_length(run) == 128  # 90 rounded up to the bucket of 64
+    assert mp.cache_positions(run) == 128  # 90 rounded up to the bucket of 64
     backbone, weights = Backbone(model), fd.decoder_weights(model)
-    cache = StaticDecoder(backbone, weights, 4, 50, mp.cache_length(run), 4, False, 0, "cpu").cache
+    cache = StaticDecoder(backbone, weights, 4, 50, mp.cache_positions(run), 4, False, 0, "cpu").cache
     mask = torch.ones(4, 40, dtype=torch.long)
     with torch.no_grad():
         fd.forward(weights, backbone.embed_weight[torch.randint(3, 300, (4, 40))], positions_from_mask(mask), cache,

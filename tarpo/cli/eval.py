@@ -31,12 +31,12 @@ import tempfile
 
 import torch
 
-from ..config import ENTROPY_SIDES, add_flags
+from ..config import ENGINES, add_flags, sampling_problem
 from ..engine.engine_choice import engine_for
 from ..evaluation.pipeline import evaluate
 from ..evaluation.system import check_system
-from ..models.loading import resolve_backend
-from ..routing import MODES
+from ..models.loading import BACKENDS, DTYPES, resolve_backend
+from ..routing import MODES, SAMPLES
 from ..tasks.registry import TASKS
 
 # the sampling settings of tarpo eval: flags of the TarpoConfig fields of the same names
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="inference mode (default tarpo): " + "; ".join(f"{m.name}: {m.help}" for m in MODES.values()))
     p.add_argument("--system", help="row label in tables (default from the mode, e.g. TARPO, CoT)")
     p.add_argument("--model-name", help="model label in tables (default: last part of --model)")
-    p.add_argument("--n", type=int, help="samples per question (default 32; greedy: 1)")
+    p.add_argument("--n", type=int, help=f"samples per question (default {SAMPLES}; greedy: 1)")
     p.add_argument("--k", help="comma-separated k for pass@k and maj@k (default 1 and n)")
     add_flags(p, SAMPLING_FLAGS)  # defaults and help: TarpoConfig's
     p.add_argument("--router-argmax", action="store_true", help="route by argmax instead of sampling")
@@ -63,12 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, help="default per task (docs/algorithm.md §5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64, help="samples decoded together (a chunk is batch/n questions)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--grader", help="override the task's grader")
-    p.add_argument("--backend", default="auto", choices=["auto", "hf", "unsloth"],
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="auto: Unsloth (tarpo.patches) on CUDA where it is installed (scripts/install_gpu.sh), else transformers")
-    p.add_argument("--engine", default="auto", choices=["auto", "eager", "compiled"],
+    p.add_argument("--engine", default="auto", choices=ENGINES,
                    help="rollout engine (tarpo.engine.rollout): auto = compiled on CUDA (either backend), eager on the "
                         "CPU; the engines draw different random streams")
     p.add_argument("--restart", action="store_true", help="delete old trajectories of these tasks and start over")
@@ -90,7 +90,7 @@ def check_arguments(args) -> None:
         raise ValueError(f"--tasks: unknown task {', '.join(unknown) or '(none)'}; known tasks: {', '.join(TASKS)}")
     args.task_list = tasks
     if args.n is None:
-        args.n = 1 if MODES[args.mode].greedy else 32
+        args.n = MODES[args.mode].samples
     if args.n < 1:
         raise ValueError(f"--n {args.n}: need at least one sample per question")
     if MODES[args.mode].greedy and args.n != 1:
@@ -101,11 +101,9 @@ def check_arguments(args) -> None:
     check_system(args.adapter, args.mode)
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise ValueError(f"--data-dir {args.data_dir}: no such folder")
-    for name in ("temperature", "action_temperature", "entropy_temperature"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be > 0")
-    if args.entropy_soft_when not in ENTROPY_SIDES:
-        raise ValueError(f"--entropy-soft-when {args.entropy_soft_when}: must be one of {', '.join(ENTROPY_SIDES)}")
+    if (problem := sampling_problem(args)) is not None:  # the sampling flags: TarpoConfig's fields and rule
+        name, why = problem
+        raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: {why}")
     resolve_backend(args.backend)  # refused here, before anything loads, where it cannot run
     args.engine = engine_for(args.engine, torch.cuda.is_available(), "--engine")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):

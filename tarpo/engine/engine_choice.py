@@ -37,6 +37,13 @@ def cpu_choice(layers: int, decode_steps: int, eager_step_s: float) -> tuple[str
     return engine, why
 
 
+def check_engine(engine: str, setting: str = "rollout_engine") -> str:
+    """``engine`` if it names a rollout engine (:data:`tarpo.config.ENGINES`), else refused naming ``setting``."""
+    if engine not in ENGINES:
+        raise ValueError(f"{setting}={engine!r}: must be one of {', '.join(ENGINES)}")
+    return engine
+
+
 def engine_for(engine: str, cuda: bool, setting: str = "rollout_engine") -> str:
     """The engine of a rollout on a GPU (``cuda``) or the CPU; a name that is no engine is refused, naming
     ``setting``. ``auto`` is the compiled engine on a GPU, the eager loop on the CPU (where a training run
@@ -45,9 +52,7 @@ def engine_for(engine: str, cuda: bool, setting: str = "rollout_engine") -> str:
         >>> engine_for("auto", cuda=True), engine_for("auto", cuda=False), engine_for("eager", cuda=True)
         ('compiled', 'eager', 'eager')
     """
-    if engine not in ENGINES:
-        raise ValueError(f"{setting}={engine!r}: must be one of {', '.join(ENGINES)}")
-    if engine != "auto":
+    if check_engine(engine, setting) != "auto":
         return engine
     return "compiled" if cuda else "eager"
 
@@ -71,12 +76,13 @@ class RunEngine:
         self.decision: dict | None = None
 
     def next(self, cuda: bool) -> str:
-        """The engine of the next rollout."""
-        if self.requested != "auto":
-            return self.requested
-        if self.decision is None and cuda:
-            self.decision = {"requested": "auto", "engine": engine_for("auto", cuda=True), "why": "CUDA"}
-        return engine_for("auto", cuda=False) if self.decision is None else self.decision["engine"]
+        """The engine of the next rollout: :func:`engine_for`'s, until ``auto`` has decided (at once on a GPU)."""
+        if self.decision is not None:
+            return self.decision["engine"]
+        engine = engine_for(self.requested, cuda)
+        if self.requested == "auto" and cuda:
+            self.decision = {"requested": "auto", "engine": engine, "why": "CUDA"}
+        return engine
 
     def observed(self, seconds: float, decode_steps: int, steps_ahead: int) -> dict | None:
         """After the timed first (eager) rollout on the CPU: decide; returns the new decision, else None."""

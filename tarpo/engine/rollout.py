@@ -30,10 +30,10 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import DynamicCache
 
-from ..config import ENGINES, ENTROPY_SIDES, default
+from ..config import default, sampling_problem
 from ..routing import routing_rule
 from .backbone import Backbone, positions_from_mask
-from .engine_choice import engine_for
+from .engine_choice import check_engine, engine_for
 from .grouped_attention import grouped_decode_attention_on
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .sampling import row_keys
@@ -68,13 +68,11 @@ class RolloutSpec:
     engine: str = "eager"  # "eager" (the reference, any backbone), "compiled" (tarpo.engine.static_decode) or "auto"
 
     def __post_init__(self):
-        if self.engine not in ENGINES:
-            raise ValueError(f"RolloutSpec.engine={self.engine!r}: must be one of {ENGINES}")
+        check_engine(self.engine, "RolloutSpec.engine")
         routing_rule(self.routing, "RolloutSpec.routing")
-        if self.entropy_temperature <= 0:
-            raise ValueError(f"RolloutSpec.entropy_temperature={self.entropy_temperature!r}: must be > 0")
-        if self.entropy_soft_when not in ENTROPY_SIDES:
-            raise ValueError(f"RolloutSpec.entropy_soft_when={self.entropy_soft_when!r}: must be one of {ENTROPY_SIDES}")
+        if (problem := sampling_problem(self)) is not None:  # the sampling settings' rule, TarpoConfig's
+            name, why = problem
+            raise ValueError(f"RolloutSpec.{name}={getattr(self, name)!r}: {why}")
 
     @classmethod
     def from_config(cls, config, **overrides) -> "RolloutSpec":

@@ -84,7 +84,7 @@ class DecodeContext(NamedTuple):
         next_tag, hit_tag = tag_automaton.tables(piece, spec.answer_tag, backbone.lm_head.weight.shape[0], device)
         return cls(spec, backbone, router, gate, next_tag, hit_tag,
                    torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=device), int(pad_token_id),
-                   full_mix=r.gaussian or (gate is not None and gate.mixture == "full"), gaussian=r.gaussian,
+                   full_mix=r.full_mixture(None if gate is None else gate.mixture), gaussian=r.gaussian,
                    sigma=float(latent.sigma) if r.gaussian else 0.0,
                    gumbel_temperature=float(latent.temperature) if r.gumbel else 0.0, generator=generator)
 

@@ -138,14 +138,12 @@ def check_trainer(cfg: dict, cuda: bool) -> None:
     from ..config import TarpoConfig
     from ..models.loading import resolve_backend
     from .presets import variable_of
-    from ..engine.engine_choice import engine_for
     # TRL's batch checks see the whole step's completions, as they will across NUM_PROCESSES processes
     batch = cfg["trainer"]["per_device_train_batch_size"] * cfg["num_processes"]
     with tempfile.TemporaryDirectory() as scratch:  # nothing may appear in the run folder yet
         try:
             args = TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch,
                                   "per_device_train_batch_size": batch})
-            engine_for(cfg["trainer"].get("rollout_engine", "auto"), cuda, "ENGINE")
             resolve_backend(cfg["backend"])
         except ValueError as exc:
             raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
@@ -178,11 +176,10 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
     else:
         backend = resolve_backend(cfg["backend"])
         rule = ROUTINGS[t["routing"]]
-        full_mix = rule.gaussian or (rule.gate and t.get("hrpo_mixture") == "full")
         run = mp.Run(rows=per_process, prompt=t["max_prompt_length"], completion=t["max_completion_length"],
                      engine=engine_for(t.get("rollout_engine", "auto"), True, "ENGINE"),  # the GPU's engine
                      backend=backend,
-                     soft_top_k=t["soft_top_k"], full_mix=full_mix, gate=rule.gate,
+                     soft_top_k=t["soft_top_k"], full_mix=rule.full_mixture(t.get("hrpo_mixture")), gate=rule.gate,
                      optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),
                      full_kl=t.get("token_kl") == "full", checkpointing=t["gradient_checkpointing"],
                      weight_bytes=2 if t["bf16"] else 4, shards=cfg["num_processes"] if cfg.get("sharding") else 1)

@@ -124,11 +124,11 @@ def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
                   embedding=config.vocab_size * config.hidden_size * (1 if tied else 2))
 
 
-def cache_length(run: Run) -> int:
-    """KV positions a rollout row holds: the compiled engine rounds up to its bucket."""
-    from ..engine.static_decode import CACHE_BUCKET
-    length = run.prompt + run.completion
-    return -(-length // CACHE_BUCKET) * CACHE_BUCKET if run.engine == "compiled" else length
+def cache_positions(run: Run) -> int:
+    """KV positions a rollout row holds: the compiled engine's cache length, rounded up to its bucket
+    (:func:`tarpo.engine.static_decode.cache_length`, the rule's one owner), or the eager engine's exact one."""
+    from ..engine.static_decode import cache_length
+    return cache_length(run.prompt, run.completion) if run.engine == "compiled" else run.prompt + run.completion
 
 
 def persistent_bytes(s: Shapes, run: Run, phase: str = "train") -> dict:
@@ -161,7 +161,7 @@ def records_bytes(s: Shapes, run: Run) -> int:
 
 def rollout_bytes(s: Shapes, run: Run) -> dict:
     """Peak of the rollout of ``run.rows`` rows, by component."""
-    w, B, P, C = run.weight_bytes, run.rows, run.prompt, cache_length(run)
+    w, B, P, C = run.weight_bytes, run.rows, run.prompt, cache_positions(run)
     q, kv_token = s.heads * s.head_dim, s.layers * 2 * s.kv_heads * s.head_dim * w  # K and V, every layer
     # prefill, per prompt token: the MLP's gate/act/up (or attention's q, out and K, V repeated
     # over the cache), four hidden-sized bf16 tensors, cos/sin, the bool mask over the cache

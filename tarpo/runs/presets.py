@@ -16,7 +16,8 @@ from __future__ import annotations
 import difflib
 import os
 
-from ..routing import ALGOS
+from ..architectures import ARCHITECTURES
+from ..routing import ALGOS, MODES
 
 # ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
 DATASETS = {
@@ -31,43 +32,21 @@ DATASETS = {
 }
 
 # ---- docs/algorithm.md §5, per model: router bias b0 and learning rates; ``config``: the architecture as the
-# model's published config.json gives it (hub ``<hub_id>/config.json``), for the memory plan (tarpo.runs.memory_plan)
-_QWEN = dict(model_type="qwen2", max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
+# model's published config.json gives it (tarpo.architectures), for the memory plan (tarpo.runs.memory_plan)
 MODELS = {
     "qwen2.5-1.5b": dict(hub_id="Qwen/Qwen2.5-1.5B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
-                         router_lr=1e-4,
-                         config=dict(_QWEN, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                                     num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
-                                     tie_word_embeddings=True)),
+                         router_lr=1e-4, config=ARCHITECTURES["qwen2.5-1.5b"]),
     "qwen2.5-3b": dict(hub_id="Qwen/Qwen2.5-3B-Instruct", action_bias=[2.2, 0.0], learning_rate=5e-6,
-                       router_lr=1e-4,
-                       config=dict(_QWEN, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                                   num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
-                                   tie_word_embeddings=True)),
+                       router_lr=1e-4, config=ARCHITECTURES["qwen2.5-3b"]),
     "qwen2.5-7b": dict(hub_id="Qwen/Qwen2.5-7B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
-                       router_lr=1e-4,
-                       config=dict(_QWEN, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                                   num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-                                   tie_word_embeddings=False)),
-    # beyond the paper (docs/several-gpus.md): the 7B's b0 and learning rates; the published config.json shapes
+                       router_lr=1e-4, config=ARCHITECTURES["qwen2.5-7b"]),
+    # beyond the paper (docs/several-gpus.md): the 7B's b0 and learning rates
     "qwen2.5-14b": dict(hub_id="Qwen/Qwen2.5-14B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
-                        router_lr=1e-4,
-                        config=dict(_QWEN, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
-                                    num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
-                                    tie_word_embeddings=False)),
+                        router_lr=1e-4, config=ARCHITECTURES["qwen2.5-14b"]),
     "qwen2.5-32b": dict(hub_id="Qwen/Qwen2.5-32B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
-                        router_lr=1e-4,
-                        config=dict(_QWEN, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
-                                    num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
-                                    tie_word_embeddings=False)),
+                        router_lr=1e-4, config=ARCHITECTURES["qwen2.5-32b"]),
     "llama3.1-8b": dict(hub_id="meta-llama/Llama-3.1-8B-Instruct", action_bias=[4.6, 0.0], learning_rate=2e-6,
-                        router_lr=2e-6,
-                        config=dict(model_type="llama", hidden_size=4096, intermediate_size=14336,
-                                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                    vocab_size=128256, tie_word_embeddings=False, max_position_embeddings=131072,
-                                    rms_norm_eps=1e-5, rope_theta=500000.0,
-                                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                                      high_freq_factor=4.0, original_max_position_embeddings=8192))),
+                        router_lr=2e-6, config=ARCHITECTURES["llama3.1-8b"]),
 }
 DEFAULT_MODEL = "qwen2.5-3b"
 
@@ -371,7 +350,8 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
         "preset": model_key.lower() if preset else None, "micro_batch": micro,
         "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
         "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo].eval_mode,
-        "eval_n": s.get("EVAL_N", 32), "eval_limit": s.get("EVAL_LIMIT"), "eval_data_dir": s.get("EVAL_DATA_DIR"),
+        "eval_n": s.get("EVAL_N", MODES[ALGOS[algo].eval_mode].samples), "eval_limit": s.get("EVAL_LIMIT"),
+        "eval_data_dir": s.get("EVAL_DATA_DIR"),
         "dry_run": s.get("DRY_RUN", False), "backend": "hf" if sharding else s.get("BACKEND", "auto"),
         "num_processes": processes, "accelerate_config": accelerate_config, "sharding": sharding, **nodes,
         "cpu_max_hours": s.get("CPU_MAX_HOURS", 12.0), "trainer": trainer,
