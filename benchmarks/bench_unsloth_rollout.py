@@ -61,7 +61,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if not os.path.isdir(os.path.join(SITE, "unsloth")):
-        print(f"bench_unsloth_rollout: Unsloth for the CPU is not in {SITE} (bash scripts/setup_env.sh)", file=sys.stderr)
+        print(f"bench_unsloth_rollout: Unsloth for the CPU is not in {SITE} (bash scripts/setup_env.sh)",
+              file=sys.stderr)
         return 2
     from checkout import use_checkout_patches
     use_checkout_patches()
@@ -79,8 +80,8 @@ def main() -> int:
     backbone = make_backbone(model)
     assert isinstance(backbone, UnslothBackbone)
     ids, mask = left_padded_prompts(16, 48, 400, tok.pad_token_id)
-    print(f"bench_unsloth_rollout: Qwen2 d 256, 4 layers, V 32768, 16 x (48 + {args.steps}), {torch.get_num_threads()} "
-          "threads", flush=True)
+    print(f"bench_unsloth_rollout: Qwen2 d 256, 4 layers, V 32768, 16 x (48 + {args.steps}), "
+          f"{torch.get_num_threads()} threads", flush=True)
     times, first = {"eager": [], "compiled": []}, {}
     for engine in times:  # warm-up: the compile
         t0 = time.perf_counter()
@@ -101,7 +102,8 @@ def main() -> int:
         half = launches(lambda: rollout(backbone, router, ids, mask, engine, args.steps // 2, tok))
         per_step[engine] = (full - half) / (args.steps - args.steps // 2)
     for engine in times:
-        print(f"  {engine:9s} {med[engine] * 1000 / args.steps:7.2f} ms a step  {per_step[engine]:7.1f} kernel launches "
+        print(f"  {engine:9s} {med[engine] * 1000 / args.steps:7.2f} ms a step  "
+              f"{per_step[engine]:7.1f} kernel launches "
               f"a decode step ({per_step[engine] / CONFIG['num_hidden_layers']:.1f} a layer)")
     print(f"compiled/eager={med['compiled'] / med['eager']:.3f} launches_eager={per_step['eager']:.0f} "
           f"launches_compiled={per_step['compiled']:.0f}")

@@ -9,7 +9,8 @@ On a random-init model with the Qwen2.5-1.5B configuration (``--shape 3b``: Qwen
 weights needed):
 
 - rollout tokens/s of the Unsloth path (tarpo.patches), the transformers path (the eager
-  engine, and the compiled one of tarpo.engine.static_decode with CUDA graphs) and a reference-style loop (full-vocabulary mixture, text re-decoded every step;
+  engine, and the compiled one of tarpo.engine.static_decode with CUDA graphs) and a
+  reference-style loop (full-vocabulary mixture, text re-decoded every step;
   benchmarks/reference_loop.py), batch 64, 512 new tokens, learned routing (b0 = [2.2, 0]);
 - decode step time against the weight-bandwidth floor (weight bytes / measured device copy
   bandwidth);
@@ -274,7 +275,8 @@ def render(results: dict) -> str:
         lines += [f"Benchmarks: random-init {'tiny' if sz['tiny'] else shape} configuration, "
                   f"{'float32' if bench['device'] == 'cpu' else 'bf16'}.", ""]
     pad = next((f", left-padded prompts of {r['prompt_lengths'][0]}..{r['prompt_lengths'][1]} tokens"
-                for r in (steps.get(n) for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth", "rollout-compiled-unsloth"))
+                for r in (steps.get(n) for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth",
+                                                 "rollout-compiled-unsloth"))
                 if isinstance(r, dict) and "prompt_lengths" in r), "")
     lines += [f"## Rollout (batch {sz['batch']}, {sz['new_tokens']} new tokens{pad}, learned routing b0 = [2.2, 0])"
               if sz else "## Rollout", "",
@@ -292,7 +294,8 @@ def render(results: dict) -> str:
     ref_cell = cell("reference") or f"{ref['reference_tokens_per_s']:.0f}"
     lines.append(f"| reference-style loop | {ref_cell} | | | | |")
     if bw and not cell("bandwidth"):
-        weights = next((steps[n]["weight_bytes"] for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth", "rollout-compiled-unsloth")
+        weights = next((steps[n]["weight_bytes"]
+                        for n in ("rollout-hf", "rollout-compiled", "rollout-unsloth", "rollout-compiled-unsloth")
                         if not cell(n) and _same_machine(steps[n], bw)), None)
         lines += ["", f"Copy bandwidth {bw['bandwidth'] / 1e9:.0f} GB/s" + (
             f"; {weights / 2**30:.2f} GiB of weights, so a decode step's weight-bandwidth floor is "

@@ -14,8 +14,8 @@ that runs Unsloth's during which the module's ``scaled_dot_product_attention`` i
 :func:`grouped_sdpa`: for one query position and fewer K/V heads it lays each group's query heads
 along the query axis, ``[B, H, 1, D] -> [B, H_kv, H / H_kv, D]``, and attends to the cache as it is
 (the mask ``[B, 1, 1, L]`` broadcasts): :func:`tarpo.engine.grouped_attention.grouped_query_sdpa`, which
-the transformers path and the compiled engine use too; any other call goes to torch's function unchanged. :func:`check_target`
-verifies, from the installed source, that the target still makes that call.
+the transformers path and the compiled engine use too; any other call goes to torch's function
+unchanged. :func:`check_target` verifies, from the installed source, that the target still makes that call.
 """
 
 from __future__ import annotations
@@ -85,8 +85,9 @@ def check_target(source: str) -> None:
     tree = ast.parse(textwrap.dedent(source))
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == "scaled_dot_product_attention"]
-    gqa = [c for c in calls if any(k.arg == "enable_gqa" and isinstance(k.value, ast.Constant) and k.value.value is True
-                                   for k in c.keywords) and any(k.arg == "attn_mask" for k in c.keywords)]
+    gqa = [c for c in calls
+           if any(k.arg == "enable_gqa" and isinstance(k.value, ast.Constant) and k.value.value is True
+                  for k in c.keywords) and any(k.arg == "attn_mask" for k in c.keywords)]
     if not gqa:
         raise PatchError(f"unsloth/models/llama.py: {TARGET} no longer calls scaled_dot_product_attention(..., "
                          f"attn_mask=..., enable_gqa=True) (tarpo.patches.grouped_decode expects unsloth=="

@@ -31,8 +31,9 @@ def pristine_grpo_trainer():
     cls = grpo.GRPOTrainer
     if _is_unsloth(cls):
         raise PatchError(f"trl.GRPOTrainer is {cls.__module__}.{cls.__name__}: unsloth was imported before "
-                         "tarpo.training.trainer and replaced TRL's trainer. Import tarpo (or tarpo.training.trainer) before unsloth; "
-                         "tarpo.models.loading imports unsloth itself when the Unsloth backend is used.")
+                         "tarpo.training.trainer and replaced TRL's trainer. Import tarpo (or tarpo.training.trainer) "
+                         "before unsloth; tarpo.models.loading imports unsloth itself when the Unsloth backend "
+                         "is used.")
     return cls
 
 

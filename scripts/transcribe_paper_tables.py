@@ -265,8 +265,10 @@ def dumps(value, indent: str = "", width: int = 160) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tex", help="the paper's LaTeX source")
-    ap.add_argument("--out", default=OUT, help="JSON to write (default: the packaged tarpo/resources/paper_tables.json)")
-    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it; exit 1 if different")
+    ap.add_argument("--out", default=OUT,
+                    help="JSON to write (default: the packaged tarpo/resources/paper_tables.json)")
+    ap.add_argument("--check", action="store_true",
+                    help="compare with --out instead of writing it; exit 1 if different")
     args = ap.parse_args(argv)
     with open(args.tex, encoding="utf-8") as f:
         text = dumps(transcribe(f.read())) + "\n"

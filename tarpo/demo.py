@@ -57,7 +57,8 @@ def warm_start(cache_dir: str, sft_steps: int, seed: int, noise: float, lr: floa
     """Folder of the warm-started model + tokenizer; reused when its settings match."""
     probe = noisy_demonstration(make_split("train", 1)[0], random.Random(0), 0.5)
     system = messages("arith", "")[0]["content"]
-    key = hashlib.sha256(json.dumps([MODEL, sft_steps, seed, noise, lr, batch_size, probe, system]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps([MODEL, sft_steps, seed, noise, lr, batch_size, probe, system]).encode()).hexdigest()[:12]
     folder = os.path.join(cache_dir, f"warm-{key}")
     if os.path.exists(os.path.join(folder, "DONE")):
         _log(f"reusing the warm-started model in {folder}")
@@ -127,7 +128,8 @@ def supervised_warm_start(model, tokenizer, records, steps: int, lr: float, batc
     shared = common_prefix(prompts)
     prefix, prompts = torch.tensor(shared), [p[len(shared):] for p in prompts]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     for _ in tqdm(range(steps), desc="warm start (SFT)", mininterval=5):
         picks = rng.sample(range(len(records)), batch_size)
         ids, mask, labels = demonstration_batch(tokenizer, prompts, records, picks, rng, noise)
@@ -190,8 +192,9 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
     log_path = os.path.join(out_dir, "metrics.jsonl")
     open(log_path, "w").close()
     train = load_task("arith", split="train")
-    trainer = TarpoTrainer(model=model, reward_funcs=reward or reward_function("arith"), args=config, train_dataset=train,
-                           processing_class=tokenizer, callbacks=[JsonlLogger(log_path), ProgressBar(algo, args.steps)])
+    trainer = TarpoTrainer(model=model, reward_funcs=reward or reward_function("arith"), args=config,
+                           train_dataset=train, processing_class=tokenizer,
+                           callbacks=[JsonlLogger(log_path), ProgressBar(algo, args.steps)])
     trainer.remove_callback(PrinterCallback)  # the progress bar and metrics.jsonl report instead
     trainer.train()
     adapter = os.path.join(out_dir, "adapter")

@@ -14,8 +14,8 @@ from helpers import TINY
 HERE = os.path.dirname(os.path.abspath(__file__))
 def run_worker(*args):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), "--steps", "24", "--completion",
-                          "32", *args], capture_output=True, text=True, timeout=600, env=env)
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), "--steps", "24",
+                          "--completion", "32", *args], capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr[-4000:]
 
 

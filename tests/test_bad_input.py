@@ -1,5 +1,6 @@
 """Bad input is caught before any model is loaded and before any file is written, and the error
-names the variable, file, row or id, plus the smaller output rules (docs/design-notes.md, "Bad input and small output rules")."""
+names the variable, file, row or id, plus the smaller output rules (docs/design-notes.md, "Bad input
+and small output rules")."""
 
 import json
 import os

@@ -103,8 +103,8 @@ def test_tarpo_training_raises_the_reward_of_the_tiny_model(warm, tmp_path):
 
 def test_demo_pipeline_writes_the_run_folder(warm, tmp_path, capsys):
     out = tmp_path / "run"
-    path = demo.main(["--out", str(out), "--cache-dir", os.path.dirname(warm), "--sft-steps", str(WARM_STEPS), "--steps", "2",
-                      "--eval-questions", "8", "--eval-n", "2"])
+    path = demo.main(["--out", str(out), "--cache-dir", os.path.dirname(warm), "--sft-steps", str(WARM_STEPS),
+                      "--steps", "2", "--eval-questions", "8", "--eval-n", "2"])
     summary = json.loads(open(path).read())
     assert set(summary) == {"cot", "grpo", "tarpo"}
     for system in summary.values():

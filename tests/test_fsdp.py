@@ -82,7 +82,8 @@ def test_two_fsdp2_processes_train_what_one_process_trains(runs, case):
 
 def test_the_compiled_engine_under_fsdp2_trains_what_one_process_trains(runs):
     for step in (1, 2):
-        two, one = trainable(runs / "compiled" / "learned-vowels", step), trainable(runs / "one" / "learned-vowels", step)
+        two, one = (trainable(runs / "compiled" / "learned-vowels", step),
+                    trainable(runs / "one" / "learned-vowels", step))
         gap = max((two[k] - one[k]).abs().max().item() for k in one)
         assert gap < TOLERANCE, f"step {step}: {gap:.2e}"
 
@@ -91,11 +92,12 @@ def launcher(out_dir, **extra):
     """run_gsm8k.sh on the tiny model at ``MODEL``, with the dense reward of tests/workers/fsdp_cpu.py."""
     variables = dict(PYTHON=sys.executable, DATA_PATH=os.path.join(DATA, "gsm8k"), OUT_DIR=str(out_dir),
                      TARPO_TEST_REWARD="vowels", TRAIN_LIMIT="16", BATCH="8", GROUP_SIZE="4",
-                     MAX_PROMPT_LENGTH="400", MAX_COMPLETION_LENGTH="12", ACTION_BIAS="0,0", LORA_R="4", LORA_ALPHA="8",
-                     LR="1e-2", ROUTER_LR="1e-1", ENGINE="eager", LR_SCHEDULE="constant", SAVE_STEPS="1",
-                     MAX_STEPS="3", NUM_PROCESSES="2", MAIN_PROCESS_PORT=str(free_port()))
+                     MAX_PROMPT_LENGTH="400", MAX_COMPLETION_LENGTH="12", ACTION_BIAS="0,0", LORA_R="4",
+                     LORA_ALPHA="8", LR="1e-2", ROUTER_LR="1e-1", ENGINE="eager", LR_SCHEDULE="constant",
+                     SAVE_STEPS="1", MAX_STEPS="3", NUM_PROCESSES="2", MAIN_PROCESS_PORT=str(free_port()))
     from tarpo.runs.presets import SETTINGS, VARIABLES
-    clean = {k: v for k, v in env().items() if k not in {*VARIABLES, *SETTINGS, "RANK", "LOCAL_RANK", "TARPO_LAUNCHED"}}
+    clean = {k: v for k, v in env().items()
+             if k not in {*VARIABLES, *SETTINGS, "RANK", "LOCAL_RANK", "TARPO_LAUNCHED"}}
     return subprocess.Popen(["bash", os.path.join(ROOT, "run_gsm8k.sh")], env={**clean, **variables, **extra},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -129,7 +131,8 @@ def test_a_killed_two_process_run_resumes_and_ends_where_an_uninterrupted_one_en
     """The launcher (3 steps, a checkpoint each step) killed once checkpoint-2 is published, then run again,
     against the same run uninterrupted. Under DDP on the CPU the Trainer loaded the optimizer with
     map_location="cpu:0" and failed (tarpo.training.checkpoints.load_optimizer_on_cpu)."""
-    extra = {"MODEL": tiny_model, **({"ACCELERATE_CONFIG": os.path.join(ROOT, "configs", "fsdp2.yaml")} if sharded else {})}
+    extra = {"MODEL": tiny_model,
+             **({"ACCELERATE_CONFIG": os.path.join(ROOT, "configs", "fsdp2.yaml")} if sharded else {})}
     whole = launcher(tmp_path / "whole", **extra)
     status, out = finished(launcher(tmp_path / "killed", TARPO_TEST_KILL_AFTER="2", **extra))
     assert status != 0 and not glob.glob(str(tmp_path / "killed" / "*" / "adapter")), out[-3000:]
@@ -141,7 +144,8 @@ def test_a_killed_two_process_run_resumes_and_ends_where_an_uninterrupted_one_en
     assert a.keys() == b.keys() and any("lora_B" in k for k in a)
     gap = max((a[k] - b[k]).abs().max().item() for k in a)
     assert gap <= 1e-6, gap
-    steps = [json.loads(x) for x in open(glob.glob(str(tmp_path / "killed" / "*" / "metrics.jsonl"))[0]) if '"loss"' in x]
+    steps = [json.loads(x) for x in open(glob.glob(str(tmp_path / "killed" / "*" / "metrics.jsonl"))[0])
+             if '"loss"' in x]
     assert [s["step"] for s in steps] == [1, 2, 3]  # the resumed run logged step 3 once, after steps 1 and 2
     if sharded:  # the checkpoint holds the sharded optimizer state and a PEFT adapter one process loads
         (checkpoint,) = glob.glob(str(tmp_path / "killed" / "*" / "checkpoint-2"))

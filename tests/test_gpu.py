@@ -24,8 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_worker(*args):
-    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), *args], capture_output=True,
-                         text=True, timeout=900)
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), *args],
+                         capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
 
 

@@ -28,7 +28,8 @@ GPU_MACHINE = {"sys_platform": "linux", "platform_machine": "x86_64", "platform_
                "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
 
 needs_unsloth = pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "unsloth")),
-                                   reason=f"the pinned unsloth wheels are not unpacked in {SITE} (scripts/setup_env.sh)")
+                                   reason=f"the pinned unsloth wheels are not unpacked in {SITE} "
+                                          "(scripts/setup_env.sh)")
 
 
 def norm(name: str) -> str:

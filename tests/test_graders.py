@@ -139,7 +139,8 @@ def test_all_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
 def test_the_training_reward_gives_up_on_a_stalling_answer_sooner_and_counts_it():
     fn = reward_function("gsm8k", grader="math_verify")
     start = time.monotonic()
-    rewards = fn(prompts=[None] * 2, completions=["#### 10^{10^{10^{10}}}", "#### 7"], gold=["7", "7"], task=["gsm8k"] * 2)
+    rewards = fn(prompts=[None] * 2, completions=["#### 10^{10^{10^{10}}}", "#### 7"], gold=["7", "7"],
+                 task=["gsm8k"] * 2)
     elapsed = time.monotonic() - start
     assert rewards == [0.0, 1.0] and fn.timeouts == 1
     assert elapsed < 2.0 + 1.5, f"{elapsed:.1f} s"
@@ -169,8 +170,9 @@ def test_a_killed_grade_leaves_no_workers_behind(tmp_path, sig):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp), **dict([marker.split("=")]))
-    proc = subprocess.Popen([sys.executable, "-m", "tarpo.cli", "grade", "--task", "gsm8k", "--grader", "math_verify", str(src), "--out",
-                             str(tmp_path / "out.jsonl"), "--workers", "2", "--timeout", "30"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tarpo.cli", "grade", "--task", "gsm8k", "--grader", "math_verify",
+                             str(src), "--out", str(tmp_path / "out.jsonl"), "--workers", "2", "--timeout", "30"],
+                            env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while len(_marked_processes(marker)) < 4 and time.monotonic() < deadline:  # main, forkserver, 2 workers

@@ -105,7 +105,8 @@ def test_a_dry_run_on_a_gpu_with_unsloth_resolves_the_compiled_engine(monkeypatc
 
     fake_gpu(monkeypatch, 79.1)
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "unsloth" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "unsloth" else find_spec(name, *a))
     monkeypatch.setattr(launch, "check_trainer", lambda cfg, cuda: None)  # it would ask transformers for a bf16 GPU
     status, out, err = run_launcher(monkeypatch, capsys, "math", DRY_RUN="1")
     assert status == 0, err
@@ -141,7 +142,8 @@ MISSPELT = [  # (the environment, the refusal): names a new user tries, and what
 ]
 
 
-@pytest.mark.parametrize("env, message", [({"BETA": "abc"}, "BETA='abc'"), ({"DATA_PATH": "/no/such"}, "DATA_PATH=/no/such"),
+@pytest.mark.parametrize("env, message", [({"BETA": "abc"}, "BETA='abc'"),
+                                          ({"DATA_PATH": "/no/such"}, "DATA_PATH=/no/such"),
                                           ({"EVAL_DATA_DIR": "/no/such"}, "EVAL_DATA_DIR=/no/such: no such folder"),
                                           *MISSPELT])
 def test_a_mistyped_variable_is_refused_before_torch_or_trl_is_imported(env, message):
@@ -166,9 +168,11 @@ def environment_names_of_the_libraries():
     """Every environment variable that torch, transformers, TRL, accelerate, PEFT, datasets, huggingface_hub and
     bitsandbytes read (the names their code passes to os.environ / os.getenv): what a user's environment holds."""
     import importlib.util
-    read = re.compile(r"""(?:environ\.get|getenv|environ\[|environ\.setdefault|environ\.pop)\(?\s*["']([A-Z][A-Z0-9_]*)["']""")
+    read = re.compile(r"""(?:environ\.get|getenv|environ\[|environ\.setdefault|environ\.pop)"""
+                      r"""\(?\s*["']([A-Z][A-Z0-9_]*)["']""")
     names = set()
-    for package in ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "huggingface_hub", "bitsandbytes"):
+    for package in ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "huggingface_hub",
+                    "bitsandbytes"):
         for folder, _, files in os.walk(os.path.dirname(importlib.util.find_spec(package).origin)):
             for name in files:
                 if name.endswith(".py"):
@@ -177,8 +181,9 @@ def environment_names_of_the_libraries():
     return names
 
 
-REALISTIC = dict(PATH=os.environ.get("PATH", "/usr/bin"), HOME=os.environ.get("HOME", "/root"), CUDA_VISIBLE_DEVICES="0",
-                 WANDB_PROJECT="tarpo", WANDB_ENTITY="lab", WANDB_RUN_NAME="math-7b", WANDB_MODE="offline",
+REALISTIC = dict(PATH=os.environ.get("PATH", "/usr/bin"), HOME=os.environ.get("HOME", "/root"),
+                 CUDA_VISIBLE_DEVICES="0", WANDB_PROJECT="tarpo", WANDB_ENTITY="lab", WANDB_RUN_NAME="math-7b",
+                 WANDB_MODE="offline",
                  OMP_NUM_THREADS="8", MKL_NUM_THREADS="8", MASTER_ADDR="127.0.0.1", MASTER_PORT="29511", RANK="0",
                  LOCAL_RANK="0", WORLD_SIZE="1", NODE_RANK="0", GROUP_RANK="0", PYTHON=sys.executable,
                  TOKENIZERS_PARALLELISM="false", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", NCCL_DEBUG="WARN",
@@ -219,7 +224,8 @@ def test_dry_run_with_two_processes_shows_the_accelerate_command():
     assert cfg["trainer"]["per_device_train_batch_size"] == 32
     assert os.path.basename(cfg["run_dir"]) == "math-qwen2.5-3b-tarpo-g8-bs64-lr5e-06-beta0.005-b02.2-s0"
     one = dry_run("run_math.sh")
-    assert (one["num_processes"], one["launch_command"], one["trainer"]["per_device_train_batch_size"]) == (1, None, 64)
+    assert (one["num_processes"], one["launch_command"],
+            one["trainer"]["per_device_train_batch_size"]) == (1, None, 64)
 
 
 def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path):
@@ -381,7 +387,8 @@ def test_a_cpu_run_longer_than_cpu_max_hours_is_refused_before_anything_is_writt
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(50)))
+    data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+                            for i in range(50)))
     res = launch("run_gsm8k.sh", MODEL=tiny_model_folder(tmp_path / "tiny"), DATA_PATH=str(data),
                  OUT_DIR=str(tmp_path / "runs"), BATCH="8", GROUP_SIZE="4", MAX_STEPS="100000", CPU_MAX_HOURS="0.001")
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]

@@ -218,7 +218,8 @@ def test_the_registry_owns_the_loss_types_and_refuses_an_unknown_one_naming_loss
             make()
     help_text = TarpoConfig.__dataclass_fields__["loss_type"].metadata["help"]
     assert all(f"'{name}'" in help_text for name in LOSS_TYPES)
-    body = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "launch.sh")).read()
+    body = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                             "launch.sh")).read()
     comment = re.search(r"^LOSS_TYPE=\$\{LOSS_TYPE:-\}\s+# (.*)$", body, flags=re.M).group(1)
     assert [part.split()[0] for part in comment.split("|")] == list(LOSS_TYPES)
 

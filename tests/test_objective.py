@@ -115,7 +115,8 @@ def test_clipped_ratio_form_equals_reinforce_gradient_on_policy():
     ex = example()
     ex["logp_tok"] = ex["logp_tok"].clone().requires_grad_(True)
     loss_a, _ = tarpo_loss(LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0), **ex)
-    loss_b, _ = tarpo_loss(LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0), **ex, old_logp_tok=ex["logp_tok"].detach())
+    loss_b, _ = tarpo_loss(LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0), **ex,
+                           old_logp_tok=ex["logp_tok"].detach())
     ga = torch.autograd.grad(loss_a, ex["logp_tok"])[0]
     gb = torch.autograd.grad(loss_b, ex["logp_tok"])[0]
     torch.testing.assert_close(ga, gb)

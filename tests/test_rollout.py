@@ -77,7 +77,8 @@ def test_compacted_rollout_scores_match_full_forward(model, tokenizer):
 
 
 def test_tag_and_eos_state_machine(model, tokenizer):
-    ids = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
+    def ids(s):
+        return tokenizer(s, add_special_tokens=False)["input_ids"]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     h = tokenizer.convert_tokens_to_ids("#")
     script = [
@@ -168,7 +169,8 @@ def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokeni
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU test above counts the same points)")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU (the CPU test above counts the same points)")
 def test_on_a_gpu_no_decode_step_between_end_checks_syncs(tokenizer, monkeypatch):
     """torch.cuda.set_sync_debug_mode("error") from the first decode step on, off only for the loop's end
     checks and the rollout's tail: any other host sync of the eager engine raises."""
@@ -187,7 +189,8 @@ def test_on_a_gpu_no_decode_step_between_end_checks_syncs(tokenizer, monkeypatch
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
         return run
-    monkeypatch.setattr(rollout, "hybrid_step", lambda *a, **k: (torch.cuda.set_sync_debug_mode("error"), step(*a, **k))[1])
+    monkeypatch.setattr(rollout, "hybrid_step",
+                        lambda *a, **k: (torch.cuda.set_sync_debug_mode("error"), step(*a, **k))[1])
     monkeypatch.setattr(rollout, "_end_check", strict(check, "error"))
     monkeypatch.setattr(rollout, "steps_that_ran", strict(tail, "default"))
     enc = encode_prompts(tokenizer, PROMPTS).to("cuda")

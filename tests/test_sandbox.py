@@ -199,7 +199,8 @@ def test_filesystem_view_holds_only_what_python_needs(tmp_path):
     install = os.path.realpath(sys.base_prefix)
     home = os.path.expanduser("~")  # it may hold the interpreter (pyenv): then only that path shows
     probes += [home] if not install.startswith(home + "/") else [
-        os.path.join(home, name) for name in os.listdir(home) if not install.startswith(os.path.join(home, name) + "/")]
+        os.path.join(home, name) for name in os.listdir(home)
+        if not install.startswith(os.path.join(home, name) + "/")]
     program = textwrap.dedent(f"""
         import json, os, hashlib, math
         print(json.dumps({{"root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc")),

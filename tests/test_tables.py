@@ -140,7 +140,8 @@ def _ci_mismatches(ci_table: int, p_table: int, sd_table: int) -> list[tuple]:
     for (table, model, system, bench, metric), value in v.items():
         if table != ci_table or metric not in ("ci_low", "ci_high"):
             continue
-        p, sd, n = v[p_table, model, system, bench, "pass@1"], v[sd_table, model, system, bench, "sd"], QUESTIONS[bench]
+        p, sd, n = (v[p_table, model, system, bench, "pass@1"], v[sd_table, model, system, bench, "sd"],
+                    QUESTIONS[bench])
         end = 0 if metric == "ci_low" else 1
         reachable = [100 * ci95((p + dp) / 100, sd + ds, n)[end] for dp in (-0.005, 0.005) for ds in (-0.0005, 0.0005)]
         if not min(reachable) - 0.005 - 1e-9 <= value <= max(reachable) + 0.005 + 1e-9:
@@ -251,7 +252,8 @@ def write_result(folder, system, model, task, pass1, *, mode="tarpo", subsets=No
     metrics = {"pass@1": pass1, "pass@32": min(1.0, pass1 + 0.3), "maj@32": pass1 + 0.1, "accuracy_mean": pass1,
                "accuracy_sd": sd, "accuracy_ci95": 1.96 * sd / math.sqrt(questions), "units": units,
                "questions": questions}
-    res = {"system": system, "model_name": model, "task": task, "mode": mode, "subsets": subsets or {}, "metrics": metrics}
+    res = {"system": system, "model_name": model, "task": task, "mode": mode, "subsets": subsets or {},
+           "metrics": metrics}
     name = f"{system}-{model}-{task}-{mode}.results.json".replace(" ", "_").replace("/", "_")
     with open(os.path.join(folder, name), "w") as f:
         json.dump(res, f)
@@ -351,7 +353,8 @@ def test_bad_input_is_an_error_naming_it(tmp_path, capsys):
     write_result(tmp_path / "again", "TARPO", "m", "gsm8k", 0.6)
     with pytest.raises(ValueError, match="both hold"):
         load_results(str(tmp_path))
-    for argv, message in [(["--paper", "--tables", "6"], "--tables: Table 6 holds no results (hyperparameter settings"),
+    for argv, message in [(["--paper", "--tables", "6"],
+                           "--tables: Table 6 holds no results (hyperparameter settings"),
                           (["--paper", "--tables", "16"], "--tables: no table 16"),
                           ([str(tmp_path), "--json"], "--json prints the published cells: use it with --paper"),
                           ([], "give a folder of tarpo eval results, or --paper"),

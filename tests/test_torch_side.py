@@ -91,7 +91,8 @@ def test_setup_py_admits_torch_2_11_to_2_13_and_requirements_txt_pins_2_13():
         assert spec.contains(ok), (ok, spec)
     for bad in ("2.10.0", "2.14.0", "2.14.1"):
         assert not spec.contains(bad), (bad, spec)
-    assert SpecifierSet(kw["python_requires"]).contains("3.12.3") and SpecifierSet(kw["python_requires"]).contains("3.11.7")
+    assert (SpecifierSet(kw["python_requires"]).contains("3.12.3")
+            and SpecifierSet(kw["python_requires"]).contains("3.11.7"))
     pins = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
             if line.strip() and not line.startswith("#")]
     assert "torch==2.13.0" in pins  # the CPU dev environment's wheel (scripts/setup_env.sh)

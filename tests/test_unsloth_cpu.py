@@ -31,8 +31,9 @@ def run(tmp_path, *args, unsloth=False):
     if unsloth:
         env.update(UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_cache"),
                    PYTHONPATH=os.pathsep.join([SITE, HERE]))
-    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), "--steps", "24", "--completion",
-                          "32", "--keyed", *args], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "backend_worker.py"), "--steps", "24",
+                          "--completion", "32", "--keyed", *args], capture_output=True, text=True, timeout=600,
+                         env=env, cwd=str(tmp_path))
     assert res.returncode == 0, res.stderr[-5000:]
 
 
@@ -57,7 +58,8 @@ def test_unsloth_decode_and_training_forward_equal_transformers(tmp_path):
     for routing in ("learned", "hrpo"):
         base = cand["keyed"][routing, "eager"]  # Unsloth's decode path
         assert base["is_soft"].any() and (base["completion_mask"] & ~base["is_soft"]).any()
-        for other in (cand["keyed"][routing, "compiled"], ref["keyed"][routing, "eager"], ref["keyed"][routing, "compiled"]):
+        for other in (cand["keyed"][routing, "compiled"], ref["keyed"][routing, "eager"],
+                      ref["keyed"][routing, "compiled"]):
             for name in ("token_ids", "completion_mask", "is_soft", "decided"):
                 assert torch.equal(other[name], base[name]), (routing, name)
             for name in ("logp", "p_soft", "entropy"):
@@ -75,8 +77,9 @@ def test_unsloth_grouped_decode_attention_equals_its_own_and_copies_no_kv_per_he
     runs = {}
     for name in ("grouped", "repeated"):
         out = str(tmp_path / f"{name}.pt")
-        res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "unsloth_decode_worker.py"), base, adapter, out,
-                              *(["--repeated"] if name == "repeated" else [])], capture_output=True, text=True,
+        res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "unsloth_decode_worker.py"), base,
+                              adapter, out, *(["--repeated"] if name == "repeated" else [])],
+                             capture_output=True, text=True,
                              timeout=600, env=env, cwd=str(tmp_path))
         assert res.returncode == 0, res.stderr[-5000:]
         runs[name] = torch.load(out)

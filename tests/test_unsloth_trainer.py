@@ -114,10 +114,11 @@ def test_on_a_gpu_auto_rolls_unsloth_models_out_on_the_compiled_engine(runs):
     un = runs[0]
     compiled, eager = un[GPU_CHOICE]["A"], un["qwen2-tarpo"]["A"]
     assert compiled["engines"] == ["compiled"] * 6 and set(eager["engines"]) == {"eager"}
-    assert np.array_equal(compiled["initial"]["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"],
-                          eager["initial"]["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"])
+    lora_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    assert np.array_equal(compiled["initial"][lora_a], eager["initial"][lora_a])
     assert abs(compiled["loss"][1] - eager["loss"][1]) <= 1e-5
-    assert all(abs(compiled["loss"][s] - eager["loss"][s]) <= 1e-4 for s in range(2, 7)), (compiled["loss"], eager["loss"])
+    assert all(abs(compiled["loss"][s] - eager["loss"][s]) <= 1e-4
+               for s in range(2, 7)), (compiled["loss"], eager["loss"])
 
 
 def test_unsloths_fused_lora_functions_train_under_the_trainer(runs):

@@ -43,6 +43,7 @@ size, routing), and the tag tables are kept per tokenizer.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -247,7 +248,7 @@ def compiled_generate(c: DecodeContext, prompt_ids, prompt_mask, keys: torch.Ten
     engine.buf["slot"].fill_(P)
     del hidden
     step = compiled_step(device)
-    run = step_runner(lambda: step(c, weights, engine.buf, engine.rec, engine.cache, engine.mask), device)
+    run = step_runner(functools.partial(step, c, weights, engine.buf, engine.rec, engine.cache, engine.mask), device)
     flag = _LateFlag()
     for t in range(T):
         run()

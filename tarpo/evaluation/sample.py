@@ -100,7 +100,8 @@ def trajectory_fields(out, row: int, tokenizer, soft_detail: int = 0) -> dict:
             start = j
     extra = {}
     if soft_detail:
-        ids, weights = out.soft_ids[row][m][:, :soft_detail].tolist(), out.soft_weights[row][m][:, :soft_detail].tolist()
+        ids, weights = (out.soft_ids[row][m][:, :soft_detail].tolist(),
+                        out.soft_weights[row][m][:, :soft_detail].tolist())
         # zero weights: none recorded (HRPO's full-vocabulary mixture is fed from soft_inputs)
         extra["soft_top"] = [[[i, round(w, 4)] for i, w in zip(ids[j], weights[j]) if w > 0] if soft[j] else None
                              for j in range(len(tokens))]

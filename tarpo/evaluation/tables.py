@@ -169,7 +169,8 @@ def build(number, results: dict | None, spec: dict | None = None) -> dict:
         if rows:
             sections.append({"model": model, "rows": rows})
     return {"number": int(number), "title": table["title"], "notes": table["notes"], "paper_only": paper_only,
-            "row_headers": table["row_headers"], "sectioned": table["sectioned"] or len(sections) > len(table["sections"]),
+            "row_headers": table["row_headers"],
+            "sectioned": table["sectioned"] or len(sections) > len(table["sections"]),
             "headers": [(g["label"], [c["header"] for c in g["columns"]]) for g in table["groups"]],
             "sections": sections}
 

@@ -107,7 +107,8 @@ def run_humaneval(prompt: str, code: str, test: str, entry_point: str, *, timeou
     job = {"prompt": prompt, "program": source, "test": test, "entry_point": entry_point, "nonce": nonce}
     result = run_python(f"{_harness()}\nmain({job!r})\n", timeout=timeout, memory_mb=memory_mb)
     if result.status == "passed" and result.stdout != pass_token(nonce) + "\n":
-        return replace(result, status="failed", stderr=result.stderr + "\nsandbox: exit status 0 without the pass token")
+        return replace(result, status="failed",
+                       stderr=result.stderr + "\nsandbox: exit status 0 without the pass token")
     return result
 
 

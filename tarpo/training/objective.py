@@ -163,10 +163,13 @@ def mismatch_weights(pairs, mode: str, clip_min: float | None, clip_max: float |
     statistics of the raw ratios (``ratio_mean``, ``ratio_min``, ``ratio_max``, ``corrected``: the
     fraction clamped or masked).
 
-        >>> lp, old, m = torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]])), torch.ones(1, 2, dtype=torch.bool)
-        >>> [[round(x, 4) for x in w[0].tolist()] for w in mismatch_weights([(lp, old, m)], "token_truncate", None, 1.5)[0]]
+        >>> lp, old, m = (torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]])),
+        ...               torch.ones(1, 2, dtype=torch.bool))
+        >>> [[round(x, 4) for x in w[0].tolist()]
+        ...  for w in mismatch_weights([(lp, old, m)], "token_truncate", None, 1.5)[0]]
         [[1.5, 0.5]]
-        >>> [[round(x, 4) for x in w[0].tolist()] for w in mismatch_weights([(lp, old, m)], "sequence_mask", None, 1.5)[0]]
+        >>> [[round(x, 4) for x in w[0].tolist()]
+        ...  for w in mismatch_weights([(lp, old, m)], "sequence_mask", None, 1.5)[0]]
         [[1.0, 1.0]]
     """
     if mode not in IS_CORRECTIONS or mode == "none":
@@ -240,8 +243,9 @@ def tarpo_loss(
     the router term alike, each with its own ratio (pi's, rho's) at ``settings.level``, and of the latent term
     (on-policy, per step), and aggregates every term the same way (its ``aggregate``; ``grpo`` is the formula
     above). ``is_weights`` = (token weights, router weights) [B, T], detached, multiply the two policy-gradient
-    terms (:func:`mismatch_weights`; the KL terms are not weighted). ``entropy_mask`` [B, T] (:func:`high_entropy_mask`)
-    keeps the token term at its steps only; the router and KL terms keep every step (docs/algorithm.md §8).
+    terms (:func:`mismatch_weights`; the KL terms are not weighted). ``entropy_mask`` [B, T]
+    (:func:`high_entropy_mask`) keeps the token term at its steps only; the router and KL terms keep every step
+    (docs/algorithm.md §8).
 
     Args are [B, T] tensors except ``advantages`` [B]; ``logp_act`` is log rho of the
     action taken, ``kl_tok`` the per-step token KL (k3 or full), ``kl_act`` the per-step

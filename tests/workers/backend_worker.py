@@ -52,7 +52,8 @@ def prepare(root: str, config: dict, dtype) -> tuple[str, str]:
     base = random_model_dir(os.path.join(root, "base"), config, dtype)
     model = load_base(base, dtype)
     torch.manual_seed(0)
-    peft = get_peft_model(model, LoraConfig(r=32, lora_alpha=64, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+    peft = get_peft_model(model, LoraConfig(r=32, lora_alpha=64,
+                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                                             init_lora_weights=False))
     adapter = os.path.join(root, "adapter")
     peft.save_pretrained(adapter)
@@ -175,11 +176,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--score", help="a file this script wrote for the other backend: score its rollout")
     ap.add_argument("--steps", type=int, default=64, help="rollout steps")
-    ap.add_argument("--keyed", action="store_true", help="also the keyed-noise rollouts of both engines (keyed_rollouts)")
+    ap.add_argument("--keyed", action="store_true",
+                    help="also the keyed-noise rollouts of both engines (keyed_rollouts)")
     ap.add_argument("--completion", type=int, default=256, help="completion length of the scored synthetic batch")
     ap.add_argument("--unsloth-on-cpu", action="store_true",
-                    help="Unsloth's Python code on the CPU, its Triton kernels stood in for (tests/workers/unsloth_cpu.py); "
-                         "no trainer step")
+                    help="Unsloth's Python code on the CPU, its Triton kernels stood in for "
+                         "(tests/workers/unsloth_cpu.py); no trainer step")
     args = ap.parse_args(argv)
 
     use_checkout_patches()

@@ -134,7 +134,8 @@ def train(args, routing, reward, out):
                          num_generations=4, max_completion_length=12, max_steps=args.steps, logging_steps=1,
                          report_to="none", gradient_checkpointing=False, save_strategy="no", learning_rate=1e-2,
                          router_lr=1e-1, action_bias=[0.5, 0.0], lora_r=4, lora_alpha=8, beta=0.05, seed=0,
-                         data_seed=0, warmup_steps=0, optim=args.optim, max_grad_norm=args.max_grad_norm, routing=routing, rollout_engine=args.engine)
+                         data_seed=0, warmup_steps=0, optim=args.optim, max_grad_norm=args.max_grad_norm,
+                         routing=routing, rollout_engine=args.engine)
     trainer = TarpoTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
                            processing_class=tok)
     trainer.add_callback(SaveTrainable(trainer, out))

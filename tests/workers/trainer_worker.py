@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--init-from", help="a file this script wrote for the other backend: start from its tensors")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--unsloth-on-cpu", action="store_true",
-                    help="Unsloth's Python code on the CPU, its GPU-only pieces stood in for (tests/workers/unsloth_cpu.py)")
+                    help="Unsloth's Python code on the CPU, its GPU-only pieces stood in for "
+                         "(tests/workers/unsloth_cpu.py)")
     args = ap.parse_args(argv)
 
     use_checkout_patches()

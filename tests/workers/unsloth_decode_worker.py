@@ -2,7 +2,8 @@
 for tests/test_unsloth_cpu.py: a seeded rollout of a left-padded batch, the SDPA calls of its decode
 steps, its host syncs per step (tests/syncs.py), and what of the rollout's K/V is alive after it.
 
-    UNSLOTH_ALLOW_CPU=1 PYTHONPATH=<unsloth-cpu site>:tests python tests/workers/unsloth_decode_worker.py M A out.pt [--repeated]
+    UNSLOTH_ALLOW_CPU=1 PYTHONPATH=<unsloth-cpu site>:tests \\
+        python tests/workers/unsloth_decode_worker.py M A out.pt [--repeated]
 
 ``--repeated``: Unsloth's own decode attention (K/V expanded per query head by SDPA's math kernel
 when a padding mask is given), the reference.
