@@ -30,6 +30,6 @@ setup(
     # scripts/install_gpu.sh installs it (requirements-gpu.txt, requirements-unsloth.txt, docs/gpu-install.md)
     extras_require={
         # tensorboard: tests/test_report_to.py reads the event files of a REPORT_TO=tensorboard run
-        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tensorboard==2.21.0"],
+        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tensorboard==2.21.0", "ruff==0.17.6"],
     },
 )

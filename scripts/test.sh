@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+.venv/bin/ruff check --quiet . # the lint (ruff.toml): nothing found, or the suite does not run
 workers=${TEST_WORKERS:-auto}
 if [ "$workers" = 0 ]; then
   exec .venv/bin/python -m pytest "$@"

@@ -1,9 +1,8 @@
 """TARPO's configuration: TRL's ``GRPOConfig`` plus every knob of the method.
 
-Each field cites where its default comes from: "docs/algorithm.md §n" is this project's account
-of the method, "Table 6" / "Table 7" the paper's hyper-parameter and length tables (Appendix A).
-Defaults are the paper's values for Qwen2.5-1.5B/7B on MATH; the launchers override
-them per model and data set.
+Each field cites where its default comes from: "docs/algorithm.md §n" is this project's account of the method,
+"Table 6" / "Table 7" the paper's hyper-parameter and length tables (Appendix A). Defaults are the paper's values
+for Qwen2.5-1.5B/7B on MATH; the launchers override them per model and data set.
 """
 
 from __future__ import annotations
@@ -85,7 +84,8 @@ PINNED = {
     "neftune_noise_alpha": (None, "inputs are built from E directly, past the embedding module NEFTune hooks"),
     "include_num_input_tokens_seen": ("no", "the trainer counts prompt tokens and generated units itself "
                                             "(num_tokens); a rollout batch has no input_ids to count"),
-    "use_liger_kernel": (False, "log-probs come from tarpo.training.scoring and the loss from tarpo.training.objective"),
+    "use_liger_kernel": (False, "log-probs come from tarpo.training.scoring and the loss from "
+                                "tarpo.training.objective"),
     "torch_compile": (False, "the model is not compiled (torch_compile_backend or torch_compile_mode turn this on)"),
 }
 
@@ -95,8 +95,8 @@ HONOURED = {
     "disable_dropout", "num_generations", "max_completion_length", "shuffle_dataset",
     "generation_batch_size", "steps_per_generation", "num_iterations",  # TRL's sampler and buffering
     "temperature", "top_p", "top_k",                     # tarpo.engine.rollout / tarpo.training.scoring
-    "beta", "epsilon", "epsilon_high", "reward_weights",  # tarpo.training.objective, reward plumbing
-    "loss_type", "scale_rewards", "importance_sampling_level", "mask_truncated_completions",  # tarpo.training.objective
+    "beta", "epsilon", "epsilon_high", "reward_weights", "loss_type",  # tarpo.training.objective, reward plumbing
+    "scale_rewards", "importance_sampling_level", "mask_truncated_completions",  # tarpo.training.objective
     "top_entropy_quantile", "sapo_temperature_neg", "sapo_temperature_pos",  # tarpo.training.objective, tarpo.losses
 }
 
@@ -129,28 +129,35 @@ INERT = {
 @dataclass
 class TarpoConfig(GRPOConfig):
     # ---- TRL/Trainer fields whose defaults are the paper's (Table 6) ----
-    learning_rate: float = field(default=5e-6, metadata={"help": "Backbone (LoRA) LR. Paper: 5e-6 Qwen, 2e-6 Llama (Table 6)."})
-    temperature: float = field(default=0.5, metadata={"help": "Sampling temperature T_s; log-probs are scored at it. Paper: 0.5 (Table 6)."})
-    top_k: int = field(default=0, metadata={"help": "Top-k filter of the token policy; 0 = off, stated explicitly (docs/algorithm.md §1)."})
-    top_p: float = field(default=1.0, metadata={"help": "Top-p filter of the token policy; 1.0 = off, stated explicitly (docs/algorithm.md §1)."})
-    beta: float = field(default=0.005, metadata={"help": "beta, weight of the KL term L_KL (docs/algorithm.md §2, Table 6)."})
-    num_generations: int | None = field(default=8, metadata={"help": "Group size G. Paper: 4 GSM8K, 8 MATH/DAPO (Table 6)."})
-    max_completion_length: int | None = field(default=1024, metadata={"help": "Max generated units (hard + soft). Paper: 1024 GSM8K/MATH, 2048 DAPO (Table 7)."})
+    learning_rate: float = field(default=5e-6, metadata={"help": "Backbone (LoRA) LR. Paper: 5e-6 Qwen, 2e-6 Llama "
+                                                                 "(Table 6)."})
+    temperature: float = field(default=0.5, metadata={"help": "Sampling temperature T_s; log-probs are scored at it. "
+                                                              "Paper: 0.5 (Table 6)."})
+    top_k: int = field(default=0, metadata={"help": "Top-k filter of the token policy; 0 = off, stated explicitly "
+                                                    "(docs/algorithm.md §1)."})
+    top_p: float = field(default=1.0, metadata={"help": "Top-p filter of the token policy; 1.0 = off, stated "
+                                                        "explicitly (docs/algorithm.md §1)."})
+    beta: float = field(default=0.005, metadata={"help": "beta, weight of the KL term L_KL (docs/algorithm.md §2, "
+                                                         "Table 6)."})
+    num_generations: int | None = field(default=8, metadata={"help": "Group size G. Paper: 4 GSM8K, 8 MATH/DAPO "
+                                                                     "(Table 6)."})
+    max_completion_length: int | None = field(default=1024, metadata={
+        "help": "Max generated units (hard + soft). Paper: 1024 GSM8K/MATH, 2048 DAPO (Table 7)."})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay. Paper: 0.1 (Table 6)."})
     adam_beta2: float = field(default=0.99, metadata={"help": "AdamW beta2. Paper: 0.99 (Table 6)."})
     max_grad_norm: float = field(default=0.1, metadata={"help": "Gradient clipping norm. Paper: 0.1 (Table 6)."})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "LR schedule. Paper: cosine (Table 6)."})
-    warmup_steps: float = field(default=0.1, metadata={"help": "Linear warm-up: a fraction of the steps if < 1, else a "
-                                                        "step count (transformers 5 has no warmup_ratio). Paper: "
+    warmup_steps: float = field(default=0.1, metadata={"help": "Linear warm-up: a fraction of the steps if < 1, else "
+                                                        "a step count (transformers 5 has no warmup_ratio). Paper: "
                                                         "ratio 0.1 (Table 6)."})
     num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs. Paper: 1 (Table 6)."})
-    optim: str = field(
-        default="paged_adamw_8bit",
-        metadata={"help": "Optimizer. Paper: 8-bit AdamW, paged_adamw_8bit (docs/algorithm.md §4). Resolved at construction: "
-                  "without CUDA the non-paged adamw_bnb_8bit (bitsandbytes steps CPU tensors); without a working "
-                  "bitsandbytes plain adamw_torch with the same hyper-parameters."})
+    optim: str = field(default="paged_adamw_8bit", metadata={
+        "help": "Optimizer. Paper: 8-bit AdamW, paged_adamw_8bit (docs/algorithm.md §4). Resolved at construction: "
+                "without CUDA the non-paged adamw_bnb_8bit (bitsandbytes steps CPU tensors); without a working "
+                "bitsandbytes plain adamw_torch with the same hyper-parameters."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N optimizer steps (every step by default)."})
-    disable_dropout: bool = field(default=True, metadata={"help": "Dropout off so policy and reference score the same inputs identically."})
+    disable_dropout: bool = field(default=True, metadata={"help": "Dropout off so policy and reference score the same "
+                                                                  "inputs identically."})
     # ---- inherited fields of the loss (docs/algorithm.md §8): the paper's values by default ----
     loss_type: str = field(
         default="grpo", metadata={"help": "The loss variant (tarpo.losses.LOSSES, docs/algorithm.md §8): the "
@@ -199,29 +206,25 @@ class TarpoConfig(GRPOConfig):
         default="high", metadata={"help": "'entropy' routing goes soft where the entropy is 'high' (above "
                                           "entropy_threshold: the paper's baseline, SwiReasoning-style) or 'low' "
                                           "(below it: ThinkRouter-style)."})
-    entropy_temperature: float = field(
-        default=1.0, metadata={"help": "Temperature of the distribution whose entropy 'entropy' routing "
-                                       "thresholds (Entropy-Routed, GRPO w/ Entropy Routing). 1.0: the model's own "
-                                       "token distribution, the entropy the authors' code reports; 0.5 (= T_s) "
-                                       "thresholds the sampling distribution, which is sharper and goes soft less "
-                                       "often."})
+    entropy_temperature: float = field(default=1.0, metadata={
+        "help": "Temperature of the distribution whose entropy 'entropy' routing thresholds (Entropy-Routed, GRPO w/ "
+                "Entropy Routing). 1.0: the model's own token distribution, the entropy the authors' code reports; "
+                "0.5 (= T_s) thresholds the sampling distribution, which is sharper and goes soft less often."})
     action_bias: list[float] = field(
         default_factory=lambda: [4.6, 0.0],
         metadata={"help": "Router bias b0 = [hard, soft]. Paper: [2.2, 0] for Qwen2.5-3B, [4.6, 0] for "
                   "1.5B/7B/Llama (docs/algorithm.md §1, Table 6); soft probability about 10% and 1%."})
     action_temperature: float = field(
         default=1.0, metadata={"help": "tau_a in rho = softmax((W_r h + b_r)/tau_a). Paper: 1.0 (Table 6)."})
-    router_init_std: float = field(
-        default=1e-3, metadata={"help": "Std of the router weight init N(0, std); 0 gives zeros (docs/algorithm.md §1)."})
-    router_lr: float = field(
-        default=1e-4, metadata={"help": "Learning rate of the router's own parameter group. Paper: 1e-4 "
-                                        "(Qwen), 2e-6 (Llama-3.1-8B) (Table 6)."})
+    router_init_std: float = field(default=1e-3, metadata={"help": "Std of the router weight init N(0, std); 0 gives "
+                                                                   "zeros (docs/algorithm.md §1)."})
+    router_lr: float = field(default=1e-4, metadata={"help": "Learning rate of the router's own parameter group. "
+                                                             "Paper: 1e-4 (Qwen), 2e-6 (Llama-3.1-8B) (Table 6)."})
     router_greedy: bool = field(
         default=False, metadata={"help": "Inference only: take argmax of rho instead of sampling it "
                                          "(docs/algorithm.md §1). Training always samples."})
-    soft_top_k: int = field(
-        default=30, metadata={"help": "k of the soft mixture over top-k(z/T_s) token embeddings. Paper: 30 "
-                                      "(Table 6)."})
+    soft_top_k: int = field(default=30, metadata={"help": "k of the soft mixture over top-k(z/T_s) token embeddings. "
+                                                          "Paper: 30 (Table 6)."})
     answer_tag: str = field(
         default="####", metadata={"help": "Text whose emission ends the thinking phase; afterwards inputs are "
                                           "hard and no router decision is recorded (docs/algorithm.md §1, §6)."})
@@ -233,13 +236,11 @@ class TarpoConfig(GRPOConfig):
                                           "was sampled from (one [B, V] x [V, d] product per step, recorded in "
                                           "the rollout); 'top_k': this project's earlier reading, the top-k "
                                           "(soft_top_k) mixture rescaled to |E(v_t)|."})
-    hrpo_lr: float = field(
-        default=1e-4, metadata={"help": "HRPO: learning rate of the gate's linear maps W_r, W_i (HRPO's "
-                                        "lr_residual_gate, 1e-4)."})
-    hrpo_lambda_lr: float = field(
-        default=1e-3, metadata={"help": "HRPO: learning rate of Lambda (HRPO's lr_residual_Lambda, 1e-3; 1e-4 "
-                                        "reproduces this project's earlier runs). The gate's groups take "
-                                        "weight_decay, as in HRPO's optimizer."})
+    hrpo_lr: float = field(default=1e-4, metadata={"help": "HRPO: learning rate of the gate's linear maps W_r, W_i "
+                                                           "(HRPO's lr_residual_gate, 1e-4)."})
+    hrpo_lambda_lr: float = field(default=1e-3, metadata={
+        "help": "HRPO: learning rate of Lambda (HRPO's lr_residual_Lambda, 1e-3; 1e-4 reproduces this project's "
+                "earlier runs). The gate's groups take weight_decay, as in HRPO's optimizer."})
     soft_tokens_noise_scale: float = field(
         default=0.33, metadata={"help": "Soft Tokens: noise std as a multiple of the embedding RMS, "
                                         "sigma = 0.33 rms(E) (docs/algorithm.md §3)."})
@@ -247,8 +248,8 @@ class TarpoConfig(GRPOConfig):
         default=0.5, metadata={"help": "Routing 'learned_gumbel' (ALGO=tarpo_gumbel): tau_g of the Gumbel-softmax "
                                        "draw of a soft step's top-k weights, SofT-GRPO's 0.5 (docs/algorithm.md §8)."})
     # ---- objective (docs/algorithm.md §2) ----
-    lambda_act: float = field(
-        default=0.1, metadata={"help": "lambda, weight of the router policy-gradient term L_act (docs/algorithm.md §2)."})
+    lambda_act: float = field(default=0.1, metadata={"help": "lambda, weight of the router policy-gradient term L_act "
+                                                             "(docs/algorithm.md §2)."})
     alpha_action_kl: float = field(
         default=1.0, metadata={"help": "alpha, weight of the action KL(rho_theta || rho_ref) inside the KL "
                                        "term (docs/algorithm.md §2, Table 6)."})
@@ -256,9 +257,8 @@ class TarpoConfig(GRPOConfig):
         default="k3", metadata={"help": "Token KL estimator: 'k3' on the step's token, or 'full' exact KL over "
                                         "the vocabulary, computed in chunks (docs/algorithm.md §2)."})
     detach_kl_weight: bool = field(
-        default=True, metadata={"help": "Detach delta_t = rho(hard|h_t) weighting the token KL at thinking "
-                                        "steps, so the router cannot lower the penalty by routing soft "
-                                        "(docs/algorithm.md §2)."})
+        default=True, metadata={"help": "Detach delta_t = rho(hard|h_t) weighting the token KL at thinking steps, so "
+                                        "the router cannot lower the penalty by routing soft (docs/algorithm.md §2)."})
     advantage_eps: float = field(
         default=1e-4, metadata={"help": "eps in A_i = (r_i - mean r) / (std r + eps) (docs/algorithm.md §2)."})
     logprob_chunk_size: int = field(
@@ -267,7 +267,8 @@ class TarpoConfig(GRPOConfig):
     # ---- LoRA (docs/algorithm.md §4, Table 6) ----
     lora_r: int = field(default=32, metadata={"help": "LoRA rank. Paper: 32 (Table 6)."})
     lora_alpha: int = field(default=64, metadata={"help": "LoRA alpha. Paper: 64 (Table 6)."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (0: policy and reference score identically)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (0: policy and reference score "
+                                                               "identically)."})
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         metadata={"help": "Modules that get LoRA. Paper: query, key, value, dense = q, k, v, o (Table 6); the "
@@ -345,7 +346,6 @@ class TarpoConfig(GRPOConfig):
         for name, (value, why) in PINNED.items():
             if getattr(self, name) != value:
                 bad(name, f"TarpoTrainer runs only {value!r}: {why}")
-
 
     def validate_loss(self) -> None:
         """The loss variants and the mismatch correction (docs/algorithm.md §8)."""

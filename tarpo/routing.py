@@ -31,7 +31,8 @@ TOP_K = "top_k"              # the top-k mixture of tarpo.engine.mixture
 HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture (tarpo.engine.latent.HrpoGate)
 GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus Gaussian noise (tarpo.engine.latent.GaussianSoftTokens)
 GUMBEL = "gumbel_top_k"      # the top-k mixture with Gumbel-softmax weights (tarpo.engine.latent.GumbelTopK)
-HRPO_MIXTURES = ("full", "top_k")  # the mixture HRPO's gate blends (TarpoConfig.hrpo_mixture, tarpo.engine.latent.HrpoGate)
+# the mixture HRPO's gate blends (TarpoConfig.hrpo_mixture, tarpo.engine.latent.HrpoGate)
+HRPO_MIXTURES = ("full", "top_k")
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,8 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     assert gate.mixture == trainer.gate.mixture == "full" and gate.c == args.hrpo_c  # evaluation blends as training
     old = tmp_path / "old"  # a gate of an earlier commit (its mixture not recorded) is refused, naming the file
     old.mkdir()
-    save_file({k: v.contiguous() for k, v in gate.state_dict().items()}, str(old / HRPO_WEIGHTS), metadata={"c": "8.0"})
+    save_file({k: v.contiguous() for k, v in gate.state_dict().items()}, str(old / HRPO_WEIGHTS),
+              metadata={"c": "8.0"})
     with pytest.raises(ValueError, match=r"old/hrpo_gate.safetensors: no mixture in its metadata"):
         load_gate(str(old))
     examples = [{"id": "q", "prompt": [{"role": "user", "content": "question 1?"}]}]

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from tarpo.tiny import char_tokenizer, tiny_causal_lm
+from workers.checkpoint_worker import POINTS, TORCH_DISK_FULL
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-from workers.checkpoint_worker import POINTS, TORCH_DISK_FULL
 
 # checkpoint-2 of a 3-step run saving every step is where the kills hit; "final*" hit after checkpoint-3
 IN_CHECKPOINT_2 = [p for p in POINTS if not p.startswith("final")]
@@ -46,9 +46,9 @@ def runs(tmp_path_factory):
     env = {**ENV, "MODEL": str(root / "tiny"), "DATA_PATH": str(root / "train.jsonl"), "OUT_DIR": str(root / "runs")}
     (root / "plan.json").write_text(json.dumps({"env": env, "steps": steps}))
     clean = {k: v for k, v in os.environ.items() if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN")}
-    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "checkpoint_worker.py"), str(root / "plan.json"),
-                          str(root / "result.json")], capture_output=True, text=True, timeout=900,
-                         env={**clean, "HF_HUB_OFFLINE": "1"})
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "checkpoint_worker.py"),
+                          str(root / "plan.json"), str(root / "result.json")],
+                         capture_output=True, text=True, timeout=900, env={**clean, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((root / "result.json").read_text())
     by_run = {}
@@ -116,7 +116,8 @@ def test_a_full_disk_during_a_save_is_reported_and_a_rerun_finishes_like_an_unin
     by_run, out = runs
     failed, again = by_run["enospc"]
     assert failed["status"] == "exit 1", failed["output"][-3000:]
-    assert "disk full while saving checkpoint-2 to " + str(out / "enospc") in failed["output"], failed["output"][-3000:]
+    assert "disk full while saving checkpoint-2 to " + str(out / "enospc") in failed["output"], \
+        failed["output"][-3000:]
     assert "Traceback" not in failed["output"]
     assert sorted({k.split("/")[0] for k in failed["tree"]} & {"checkpoint-2", ".checkpoint-2.tmp"}) == []
     assert "checkpoint-1/trainer_state.json" in failed["tree"]

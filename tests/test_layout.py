@@ -98,7 +98,8 @@ def test_cycles_are_found():
 def test_the_package_has_no_import_cycle():
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
-    assert graph["tarpo.engine.rollout"] >= {"tarpo.engine.step", "tarpo.engine.static_decode"}  # the scan sees imports
+    # the scan sees imports
+    assert graph["tarpo.engine.rollout"] >= {"tarpo.engine.step", "tarpo.engine.static_decode"}
     assert cycles(graph) == []
 
 
@@ -131,7 +132,8 @@ def training_imports(name: str, source: str, is_package: bool = False) -> set[st
         if isinstance(node, ast.ImportFrom):
             base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
-            out |= {module} if inside(module) else {f"{module}.{a.name}" for a in node.names if inside(f"{module}.{a.name}")}
+            out |= {module} if inside(module) else {f"{module}.{a.name}" for a in node.names
+                                                    if inside(f"{module}.{a.name}")}
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names if inside(a.name)}
     return out
@@ -142,24 +144,28 @@ def test_no_cli_module_imports_training():
     evaluation, which shares training's layer, so the layer test alone would let cli -> training pass."""
     cli = {name: path for name, path in modules().items() if name == "tarpo.cli" or name.startswith("tarpo.cli.")}
     assert {"tarpo.cli", "tarpo.cli.eval", "tarpo.cli.case"} <= set(cli)
-    found = {name: training_imports(name, open(path).read(), path.endswith("__init__.py")) for name, path in cli.items()}
+    found = {name: training_imports(name, open(path).read(), path.endswith("__init__.py"))
+             for name, path in cli.items()}
     assert {name: sorted(targets) for name, targets in found.items() if targets} == {}
 
 
 def test_a_cli_import_of_training_is_found():
     case = "tarpo.cli.case"
-    assert training_imports(case, "from ..training.objective import group_advantages\n") == {"tarpo.training.objective"}
+    assert training_imports(case, "from ..training.objective import group_advantages\n") == {
+        "tarpo.training.objective"}
     assert training_imports(case, "from .. import evaluation, training\n") == {"tarpo.training"}
     assert training_imports(case, "import tarpo.training.distributed as d\n") == {"tarpo.training.distributed"}
     assert training_imports(case, "def run():\n    from tarpo.training import trainer\n") == {"tarpo.training"}
     assert training_imports("tarpo.cli", "from ..training import trainer\n", is_package=True) == {"tarpo.training"}
     assert training_imports("tarpo.cli", "from .training import x\n", is_package=True) == set()  # tarpo.cli.training
-    assert training_imports(case, "from ..evaluation.case_study import case_study\nimport tarpo.trainingset\n") == set()
+    assert training_imports(case, "from ..evaluation.case_study import case_study\n"
+                                  "import tarpo.trainingset\n") == set()
 
 
 def body_lines(node) -> int:
     body = node.body
-    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+    if (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)):
         body = body[1:] or body
     return body[-1].end_lineno - body[0].lineno + 1
 
@@ -171,7 +177,8 @@ def test_no_function_in_engine_or_training_is_over_60_lines():
         for f in sorted(os.listdir(folder)):
             if f.endswith(".py"):
                 for node in ast.walk(ast.parse(open(os.path.join(folder, f)).read())):
-                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and body_lines(node) > MAX_FUNCTION_LINES:
+                    if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            and body_lines(node) > MAX_FUNCTION_LINES):
                         long[f"{package}/{f}:{node.name}"] = body_lines(node)
     assert long == {}
 
@@ -321,7 +328,8 @@ def test_each_routing_rule_and_mode_is_one_entry_that_the_rest_reads():
     for algo, rule in ALGOS.items():
         cfg = resolve("gsm8k", {"ALGO": algo})
         assert (cfg["trainer"]["routing"], cfg["system"], cfg["eval_mode"]) == (rule.name, rule.system, rule.eval_mode)
-        assert {name: cfg["trainer"][name] for name in rule.settings} == {name: default(name) for name in rule.settings}
+        assert ({name: cfg["trainer"][name] for name in rule.settings}
+                == {name: default(name) for name in rule.settings})
     with pytest.raises(ValueError, match="routing='lerned': must be one of learned, hard"):
         routing_rule("lerned")
     with pytest.raises(ValueError, match="unknown inference mode 'tarpo_sampled'"):

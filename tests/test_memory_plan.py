@@ -171,7 +171,8 @@ def test_a_sharded_run_matches_the_measured_peaks_of_every_process(tmp_path, pro
         measured = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for phase in ("rollout", "train"):
             print(f"rank {rank} {phase}: measured {measured[phase]} planned {sharded[phase]:.0f} "
-                  f"ratio {measured[phase] / sharded[phase]:.3f} (unsharded plan {measured[phase] / whole[phase]:.3f})")
+                  f"ratio {measured[phase] / sharded[phase]:.3f} "
+                  f"(unsharded plan {measured[phase] / whole[phase]:.3f})")
             assert abs(measured[phase] - sharded[phase]) <= TOLERANCE * sharded[phase], (rank, phase)
             assert abs(measured[phase] - whole[phase]) > TOLERANCE * whole[phase], (rank, phase)
 
@@ -258,7 +259,8 @@ def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
     assert plan["gpu_gib"] == 40 and plan["usable_gib"] == 38.4
     s = mp.shapes_of(mp.preset_config("qwen2.5-3b"), ATTENTION, 32)
     run = mp.Run(rows=64, prompt=1024, completion=1024)
-    assert mp.plan(s, run, plan["micro_batch"])["peak_gib"] <= 38.4 < mp.plan(s, run, 2 * plan["micro_batch"])["peak_gib"]
+    assert (mp.plan(s, run, plan["micro_batch"])["peak_gib"] <= 38.4
+            < mp.plan(s, run, 2 * plan["micro_batch"])["peak_gib"])
 
 
 @pytest.mark.parametrize("env, message", [

@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="base model: hub id or local folder")
     p.add_argument("--adapter", help="trained adapter folder (LoRA + router.safetensors) from the trainer")
     p.add_argument("--tasks", required=True, help=f"comma-separated task names: {', '.join(TASKS)}")
-    p.add_argument("--data-dir", help="local data root holding one <task>/ folder per task (e.g. ./data/gsm8k/test.jsonl); default: the hub")
+    p.add_argument("--data-dir",
+                   help="local data root holding one <task>/ folder per task (e.g. ./data/gsm8k/test.jsonl); "
+                        "default: the hub")
     p.add_argument("--limit", type=int, help="first N questions of each task")
     p.add_argument("--out", required=True, help="output folder (trajectories, settings, results)")
     p.add_argument("--mode", default="tarpo", choices=list(MODES),
@@ -62,16 +64,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-length", type=int, help="default per task (docs/algorithm.md §5)")
     p.add_argument("--max-new-tokens", type=int, help="default per task (docs/algorithm.md §5)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=64, help="samples decoded together (a chunk is batch/n questions)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="samples decoded together (a chunk is batch/n questions)")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--grader", help="override the task's grader")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="auto: Unsloth (tarpo.patches) on CUDA where it is installed (scripts/install_gpu.sh), else transformers")
+                   help="auto: Unsloth (tarpo.patches) on CUDA where it is installed (scripts/install_gpu.sh), "
+                        "else transformers")
     p.add_argument("--engine", default="auto", choices=ENGINES,
-                   help="rollout engine (tarpo.engine.rollout): auto = compiled on CUDA (either backend), eager on the "
-                        "CPU; the engines draw different random streams")
-    p.add_argument("--restart", action="store_true", help="delete old trajectories of these tasks and start over")
+                   help="rollout engine (tarpo.engine.rollout): auto = compiled on CUDA (either backend), eager on "
+                        "the CPU; the engines draw different random streams")
+    p.add_argument("--restart", action="store_true",
+                   help="delete old trajectories of these tasks and start over")
 
 
 def _ks(args) -> list[int]:

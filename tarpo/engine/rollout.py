@@ -56,7 +56,7 @@ class RolloutSpec:
     soft_top_k: int = default("soft_top_k")
     routing: str = default("routing")
     entropy_threshold: float = default("entropy_threshold")
-    entropy_temperature: float = default("entropy_temperature")  # routing ``entropy``: the entropy of softmax(z_t / this)
+    entropy_temperature: float = default("entropy_temperature")  # routing ``entropy``: entropy of softmax(z_t / this)
     entropy_soft_when: str = default("entropy_soft_when")  # routing ``entropy``: soft above ('high') or below ('low')
     router_greedy: bool = False
     greedy: bool = False  # argmax tokens (evaluation's greedy accuracy)
@@ -198,7 +198,8 @@ def _decode(c: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) ->
                 break
             if keep.shape[0] < rows.shape[0]:
                 cache.reorder_cache(keep)
-                rows, mask, next_pos, inputs, tokens = rows[keep], mask[keep], next_pos[keep], inputs[keep], tokens[keep]
+                rows, mask, next_pos, inputs, tokens = (rows[keep], mask[keep], next_pos[keep], inputs[keep],
+                                                        tokens[keep])
                 state = {name: value[keep] for name, value in state.items()}
                 keys = keys[keep] if keys is not None else None
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)

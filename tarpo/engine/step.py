@@ -130,7 +130,8 @@ def hybrid_step(c: DecodeContext, hidden, state: dict, t, keys) -> StepOut:
                    decided=decide, p_soft=p_soft, entropy=torch.where(alive, entropy, zero),
                    logp=torch.where(alive, logp_all.gather(-1, tokens[:, None]).squeeze(-1), zero))
     if ids is not None:
-        records.update(soft_ids=torch.where(soft[:, None], ids, 0), soft_weights=torch.where(soft[:, None], weights, zero))
+        records.update(soft_ids=torch.where(soft[:, None], ids, 0),
+                       soft_weights=torch.where(soft[:, None], weights, zero))
     if c.full_mix:
         records["soft_inputs"] = torch.where(soft[:, None], mixed, zero)
     state = dict(tag=tag, thinking=thinking, alive=alive & ~is_eos, ended=state["ended"] | (alive & is_eos))

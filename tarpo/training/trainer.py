@@ -1,22 +1,19 @@
 """``TarpoTrainer``: TRL's ``GRPOTrainer`` with TARPO's generation, scoring and loss.
 
-What is TRL's and kept: the repeat sampler (G consecutive copies of each prompt), the
-reward plumbing (``reward_funcs(prompts=, completions=, completion_ids=, **columns)``),
-buffering of a generation batch over gradient-accumulation steps, logging, PEFT
-set-up, checkpointing and resuming.
+What is TRL's and kept: the repeat sampler (G consecutive copies of each prompt), the reward plumbing
+(``reward_funcs(prompts=, completions=, completion_ids=, **columns)``), buffering of a generation batch over
+gradient-accumulation steps, logging, PEFT set-up, checkpointing and resuming.
 
 What is overridden, and why:
 
-- ``_generate_and_score_completions``: decodes with :func:`tarpo.engine.rollout.hybrid_generate`
-  (per-step hard/soft inputs) and returns the whole rollout record, which survives
-  TRL's shuffle/split of the generation batch because every field is batch-first;
-  advantages are computed here, over whole groups, by :func:`group_advantages`.
+- ``_generate_and_score_completions``: decodes with :func:`tarpo.engine.rollout.hybrid_generate` (per-step hard/soft
+  inputs) and returns the whole rollout record, which survives TRL's shuffle/split of the generation batch because
+  every field is batch-first; advantages are computed here, over whole groups, by :func:`group_advantages`.
 - ``_compute_loss``: rebuilds the inputs, scores policy and reference
   (:func:`tarpo.training.scoring.score_rollout`) and applies :func:`tarpo.training.objective.tarpo_loss`.
-- ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router
-  (``router_lr``) and HRPO's gate (``hrpo_lr``; ``hrpo_lambda_lr`` for its Λ) (the optimizer itself
-  is ``args.optim``, see ``TarpoConfig.optim``); under an 8-bit optimizer the router and the gate keep fp32
-  state (:mod:`tarpo.training.optimizer`).
+- ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router (``router_lr``) and HRPO's gate
+  (``hrpo_lr``; ``hrpo_lambda_lr`` for its Λ) (the optimizer itself is ``args.optim``, see ``TarpoConfig.optim``);
+  under an 8-bit optimizer the router and the gate keep fp32 state (:mod:`tarpo.training.optimizer`).
 - ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
   frozen reference router, and HRPO's gate) are saved beside the adapter and restored; a
   checkpoint is written whole into a temporary folder and renamed into place, and a full disk
@@ -26,8 +23,8 @@ What is overridden, and why:
 
 The router (and the gate) are registered as submodules of the PEFT model's base model, so
 the Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones.
-The router is trainable only under a rule that routes with it (``learned``, :mod:`tarpo.routing`); the baselines of docs/algorithm.md §3
-(``hard``, ``soft``, ``entropy``, ``hrpo``, ``soft_tokens``) are routings of the same trainer.
+The router is trainable only under a rule that routes with it (``learned``, :mod:`tarpo.routing`); the baselines of
+docs/algorithm.md §3 (``hard``, ``soft``, ``entropy``, ``hrpo``, ``soft_tokens``) are routings of the same trainer.
 """
 
 from __future__ import annotations
@@ -101,7 +98,7 @@ class TarpoTrainer(GRPOTrainer):
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          processing_class=processing_class, peft_config=peft_config, **kwargs)
         peft_model = self.accelerator.unwrap_model(self.model)
-        self.eos_token_ids = stop_token_ids(peft_model, self.processing_class)  # as evaluation stops (models/loading.py)
+        self.eos_token_ids = stop_token_ids(peft_model, self.processing_class)  # as eval stops (models/loading.py)
         self.engine = RunEngine(self.args.rollout_engine, decoder_layers(peft_model))  # ENGINE=auto by cost
         if "ref" in getattr(peft_model, "peft_config", {}):
             # TRL copies a passed-in adapter as "ref"; docs/algorithm.md §2's reference is the adapter disabled.
@@ -220,14 +217,16 @@ class TarpoTrainer(GRPOTrainer):
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)  # all processes
         rewards = torch.nan_to_num((rewards_per_func * self.reward_weights.to(device)[None]).nansum(1), nan=0.0)
         advantages = group_advantages(rewards, self.num_generations, self.args.advantage_eps, self.args.scale_rewards)
-        local = slice(self.accelerator.process_index * len(prompts), (self.accelerator.process_index + 1) * len(prompts))
+        local = slice(self.accelerator.process_index * len(prompts),
+                      (self.accelerator.process_index + 1) * len(prompts))
 
         self._log_rollout(mode, rollout, rewards, rewards_per_func, n_trunc, prompts, completions)
         out = {key: getattr(rollout, key) for key in _ROLLOUT_KEYS}
         out["advantages"] = advantages[local]
         # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step
         units = self.accelerator.gather(self._loss_mask(rollout).sum()[None]).sum().float()
-        out["num_units"] = (units / (self.accelerator.num_processes * self.args.steps_per_generation)).expand(len(prompts))
+        out["num_units"] = (units / (self.accelerator.num_processes
+                                     * self.args.steps_per_generation)).expand(len(prompts))
         return out
 
     def _loss_mask(self, rollout: Rollout) -> torch.Tensor:
@@ -373,7 +372,8 @@ class TarpoTrainer(GRPOTrainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.ref_router = checkpoints.load_heads(resume_from_checkpoint, self.router, self.gate, self.accelerator.device)
+        self.ref_router = checkpoints.load_heads(resume_from_checkpoint, self.router, self.gate,
+                                                 self.accelerator.device)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None or not checkpoints.load_optimizer_on_cpu(self, checkpoint):
