@@ -1,9 +1,12 @@
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -159,7 +162,7 @@ def _marked_processes(marker):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_killed_grade_leaves_no_workers_behind(tmp_path, sig):
+def test_a_killed_grade_leaves_no_workers_behind(tmp_path, request, sig):
     """Grading workers busy on slow answers die with the process; after `kill` (SIGTERM) the
     multiprocessing temp folder goes too (after SIGKILL Python 3.11's forkserver socket file stays)."""
     import uuid
@@ -167,8 +170,10 @@ def test_a_killed_grade_leaves_no_workers_behind(tmp_path, sig):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     marker = f"TARPO_KILL_TEST={uuid.uuid4().hex}"
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # short: multiprocessing's forkserver socket lives under TMPDIR, and an AF_UNIX path holds at most 107
+    # bytes (under pytest-xdist, once pytest's numbered folders pass pytest-99, tmp_path's is too long)
+    tmp = Path(tempfile.mkdtemp(prefix="tk-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     env = dict(os.environ, TMPDIR=str(tmp), **dict([marker.split("=")]))
     proc = subprocess.Popen([sys.executable, "-m", "tarpo.cli", "grade", "--task", "gsm8k", "--grader", "math_verify",
                              str(src), "--out", str(tmp_path / "out.jsonl"), "--workers", "2", "--timeout", "30"],
