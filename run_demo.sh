@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # The demo's settings, each passed as its flag when set (STEPS=100 -> --steps 100); the ones left unset keep
-# the demo's own defaults, which `.venv/bin/python -m tarpo.demo --help` lists with what each means.
+# the demo's own defaults, which `.venv/bin/python -m tarpo.runs.demo --help` lists with what each means.
 flags=()
 for name in SEED WARM_SEED SFT_STEPS SFT_BATCH SFT_NOISE STEPS GROUP_SIZE BATCH LR ROUTER_LR LR_SCHEDULE \
             TEMPERATURE MAX_NEW_TOKENS EVAL_QUESTIONS EVAL_N ALGOS ENGINE WORKERS CACHE_DIR OUT; do
@@ -20,4 +20,4 @@ done
 
 bash scripts/setup_env.sh run   # the demo needs no test tools
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m tarpo.demo "${flags[@]}"
+exec .venv/bin/python -m tarpo.runs.demo "${flags[@]}"

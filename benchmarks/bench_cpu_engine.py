@@ -21,7 +21,7 @@ import time
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")
 
 from tarpo.cli import main as cli  # noqa: E402
-from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import tempfile
 
 import torch
 
-from tarpo.tiny import random_model_dir
+from tarpo.models.tiny import random_model_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,

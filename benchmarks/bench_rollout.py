@@ -45,7 +45,7 @@ from transformers import CompileConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E
 from tarpo.engine.backbone import Backbone  # noqa: E402
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
-from tarpo.tiny import left_padded_prompts  # noqa: E402
+from tarpo.models.tiny import left_padded_prompts  # noqa: E402
 
 
 def build_model(vocab: int, seed: int = 0):

@@ -70,7 +70,7 @@ def main() -> int:
     import unsloth_cpu
     from backend_worker import prepare
     from tarpo.models.backends import UnslothBackbone, make_backbone
-    from tarpo.tiny import left_padded_prompts
+    from tarpo.models.tiny import left_padded_prompts
     torch._inductor.config.cpp.enable_kernel_profile = True
 
     root = tempfile.mkdtemp()

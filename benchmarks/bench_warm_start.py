@@ -1,7 +1,7 @@
 """The demo's warm-start step: whole rows against the shared system turn run once
-(:func:`tarpo.demo.shared_prefix_loss`), side by side, interleaved.
+(:func:`tarpo.runs.demo.shared_prefix_loss`), side by side, interleaved.
 
-The demo's tokenizer and model (``tarpo.demo.MODEL``), batches of 32 noisy demonstrations as
+The demo's tokenizer and model (``tarpo.runs.demo.MODEL``), batches of 32 noisy demonstrations as
 the warm start draws them; each round times one forward + backward of each kind on a fresh
 batch, in alternating order, after ``--warmup`` untimed rounds. The last line is the ratio.
 
@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from tarpo.demo import common_prefix, demo_tokenizer_and_model, demonstration_batch, prompt_ids, shared_prefix_loss
+from tarpo.runs.demo import (common_prefix, demo_tokenizer_and_model, demonstration_batch, prompt_ids,
+                             shared_prefix_loss)
 from tarpo.tasks.synthetic import make_split
 
 

@@ -3,7 +3,7 @@ exploration inside the soft mode (docs/algorithm.md §8), several seeds each; th
 
     python benchmarks/demo_variants.py --seeds 0,1,2 --out runs/variants
 
-Each seed runs ``tarpo.demo`` twice from the same cached warm start: once with ALGOs ``tarpo`` and
+Each seed runs ``tarpo.runs.demo`` twice from the same cached warm start: once with ALGOs ``tarpo`` and
 ``tarpo_gumbel`` (no correction), once with ``tarpo`` under ``--is-correction`` (default
 ``sequence_mask``, TRL's default mode). Every other setting is the demo's default. Prints, per variant,
 pass@1 and pass@k over the seeds (mean, min, max) and each seed's value, and writes them to
@@ -20,13 +20,13 @@ import statistics
 import subprocess
 import sys
 
-from tarpo.files import write_json_atomic, write_text_atomic
+from tarpo.atomic_files import write_json_atomic, write_text_atomic
 
 
 def run_demo(out: str, seed: int, algos: str, extra: list[str]) -> dict:
     path = os.path.join(out, "summary.json")
     if not os.path.exists(path):
-        subprocess.run([sys.executable, "-m", "tarpo.demo", "--out", out, "--seed", str(seed), "--algos", algos,
+        subprocess.run([sys.executable, "-m", "tarpo.runs.demo", "--out", out, "--seed", str(seed), "--algos", algos,
                         *extra], check=True)
     with open(path) as f:
         return json.load(f)

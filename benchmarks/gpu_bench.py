@@ -42,7 +42,7 @@ from reference_loop import reference_generate  # noqa: E402
 
 from tarpo.config import TarpoConfig  # noqa: E402
 from tarpo.evaluation.results import package_versions  # noqa: E402
-from tarpo.files import write_json_atomic, write_text_atomic  # noqa: E402
+from tarpo.atomic_files import write_json_atomic, write_text_atomic  # noqa: E402
 from tarpo.models.backends import make_backbone  # noqa: E402
 from tarpo.models.loading import lora_config, resolve_backend  # noqa: E402
 from tarpo.training.objective import LossSettings, tarpo_loss  # noqa: E402
@@ -50,7 +50,7 @@ from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.training.scoring import score_rollout  # noqa: E402
 from tarpo.engine.tagging import token_piece_fn  # noqa: E402
-from tarpo.tiny import QWEN25_3B, QWEN25_15B, left_padded_prompts, random_model_dir, synthetic_rollout  # noqa: E402
+from tarpo.models.tiny import QWEN25_3B, QWEN25_15B, left_padded_prompts, random_model_dir, synthetic_rollout  # noqa: E402
 
 VERSIONED = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "tarpo")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -3,7 +3,7 @@
 
 One table, read by the launchers' model presets (:data:`tarpo.runs.presets.MODELS`, whose memory
 :mod:`tarpo.runs.memory_plan` plans before any weight loads) and by the random models of a real shape
-(:data:`tarpo.tiny.QWEN25_15B`, :data:`tarpo.tiny.QWEN25_3B`) of the GPU checks and benchmarks.
+(:data:`tarpo.models.tiny.QWEN25_15B`, :data:`tarpo.models.tiny.QWEN25_3B`) of the GPU checks and benchmarks.
 
     >>> ARCHITECTURES["qwen2.5-3b"]["num_hidden_layers"], ARCHITECTURES["llama3.1-8b"]["model_type"]
     (36, 'llama')

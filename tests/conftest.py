@@ -12,7 +12,7 @@ import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 
 from tarpo.engine.router import Router  # noqa: E402
-from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 
 # pytest-xdist's workers share the cores (scripts/test.sh runs one per core)
 torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))

@@ -39,7 +39,7 @@ COUNTS = [
 # the tiny Qwen2 shape of the subprocess workers' runs (tests/workers/backend_worker.py)
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, max_position_embeddings=2048, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
-# ... and a tiny Llama-3.1: untied head, llama3 rope scaling (tarpo.tiny.random_model_dir(..., arch="llama"))
+# ... and a tiny Llama-3.1: untied head, llama3 rope scaling (tarpo.models.tiny.random_model_dir(..., arch="llama"))
 TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048, rms_norm_eps=1e-5,
                   tie_word_embeddings=False,

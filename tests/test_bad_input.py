@@ -11,7 +11,7 @@ import pytest
 from tarpo.runs import launch
 from tarpo.cli import main as cli
 from tarpo.tasks.registry import DataError, load_task
-from tarpo.tiny import char_tokenizer
+from tarpo.models.tiny import char_tokenizer
 
 LAUNCH_VARIABLES = ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN", "LR", "GROUP_SIZE", "BATCH", "EVAL_N")
 
@@ -122,7 +122,7 @@ def test_a_long_chat_prompt_keeps_its_system_prompt_and_template():
 def test_the_trainer_says_how_many_prompts_will_be_cut_at_the_start(tmp_path, caplog):
     import datasets
 
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
     from tarpo.training.trainer import TarpoTrainer
     from test_trainer import letter_reward, make_args
     tok = char_tokenizer()
@@ -134,7 +134,7 @@ def test_the_trainer_says_how_many_prompts_will_be_cut_at_the_start(tmp_path, ca
 
 
 def test_results_and_settings_get_the_users_umask(tmp_path):
-    from tarpo.files import write_json_atomic
+    from tarpo.atomic_files import write_json_atomic
     old = os.umask(0o022)
     try:
         write_json_atomic(str(tmp_path / "r.json"), {"a": 1})
@@ -146,7 +146,7 @@ def test_results_and_settings_get_the_users_umask(tmp_path):
 
 
 def test_launcher_refuses_a_prompt_that_cannot_fit_before_loading_the_model(monkeypatch, tmp_path, capsys):
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
     tok = char_tokenizer()
     tiny_causal_lm(tok).save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")

@@ -16,7 +16,7 @@ from tarpo.routing import ALGOS
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.sampling import filter_logits
 from tarpo.training.scoring import score_rollout, sequence_hidden
-from tarpo.tiny import tiny_causal_lm
+from tarpo.models.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer
 from helpers import DATA, letter_reward, make_args, make_dataset, needs_data
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tarpo.tiny import char_tokenizer, tiny_causal_lm
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
 from workers.checkpoint_worker import POINTS, TORCH_DISK_FULL
 
 HERE = os.path.dirname(os.path.abspath(__file__))

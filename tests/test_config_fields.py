@@ -12,7 +12,7 @@ from trl import GRPOConfig
 from tarpo.config import HONOURED, INERT, PINNED, TarpoConfig
 from tarpo.training.objective import LossSettings, group_advantages, k3, tarpo_loss
 from tarpo.engine.rollout import RolloutSpec
-from tarpo.tiny import tiny_causal_lm
+from tarpo.models.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer
 from helpers import letter_reward, make_args, make_dataset
 

@@ -4,7 +4,7 @@ completions at once is estimated at their length, one that never ends at the run
 import torch
 
 from tarpo.runs.cpu_estimate import PROBE_TOKENS, completion_lengths
-from tarpo.tiny import char_tokenizer, tiny_causal_lm
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
 
 
 def certain(token: int):

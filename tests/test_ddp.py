@@ -122,7 +122,7 @@ def zero_reward_runs(tmp_path_factory):
     if not os.path.isdir(os.path.join(DATA, "gsm8k")):
         pytest.skip("../shared/data is not beside the checkout")
     from tarpo.runs.presets import SETTINGS, VARIABLES
-    from tarpo.tiny import char_tokenizer, tiny_causal_lm
+    from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
 
     root = tmp_path_factory.mktemp("launcher")
     tok = char_tokenizer()

@@ -39,7 +39,7 @@ def test_noisy_demonstrations_keep_the_chain_consistent():
 def test_the_shared_prefix_loss_equals_the_loss_of_the_full_rows(arch):
     """The warm start runs the prompts' common beginning once and repeats its keys and values
     over the batch: loss and every gradient equal those of the whole right-padded rows."""
-    from tarpo.tiny import char_tokenizer, tiny_causal_lm
+    from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
 
     tok = char_tokenizer()
     model = tiny_causal_lm(tok, arch, 32, 2, 4, 2, 64, seed=0).train()

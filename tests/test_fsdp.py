@@ -118,7 +118,7 @@ def adapter(out_dir):
 def tiny_model(tmp_path_factory):
     if not os.path.isdir(os.path.join(DATA, "gsm8k")):
         pytest.skip("../shared/data is not beside the checkout")
-    from tarpo.tiny import char_tokenizer, tiny_causal_lm
+    from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
     folder = tmp_path_factory.mktemp("tiny")
     tok = char_tokenizer()
     tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(folder)

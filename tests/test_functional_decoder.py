@@ -7,7 +7,7 @@ from peft import LoraConfig, get_peft_model
 
 from tarpo.engine import functional_decoder as fd
 from tarpo.engine.backbone import positions_from_mask
-from tarpo.tiny import tiny_causal_lm
+from tarpo.models.tiny import tiny_causal_lm
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL_LINEAR = ATTENTION + ["gate_proj", "up_proj", "down_proj"]

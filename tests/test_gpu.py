@@ -32,7 +32,7 @@ def run_worker(*args):
 @pytest.fixture(scope="module")
 def agreement(tmp_path_factory):
     from backend_worker import compare, prepare
-    from tarpo.tiny import QWEN25_15B
+    from tarpo.models.tiny import QWEN25_15B
     root = tmp_path_factory.mktemp("qwen")
     base, adapter = prepare(str(root), QWEN25_15B, torch.bfloat16)
     un, hf = str(root / "unsloth.pt"), str(root / "hf.pt")

@@ -79,7 +79,7 @@ def test_one_step_changes_every_lora_and_router_tensor_under_either_checkpointin
 def test_router_and_gate_keep_fp32_state_under_8bit_adamw(tokenizer, tmp_path, routing):
     """Hidden size 2048 (Qwen2.5-3B's): the router weight has 2 x 2048 = 4096 elements, which
     bitsandbytes would quantise (its min_8bit_size is 4096); LoRA tensors stay 8-bit."""
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
 
     lm = tiny_causal_lm(tokenizer, hidden_size=2048, layers=1, heads=16, kv_heads=2, intermediate_size=64)
     args = make_args(tmp_path, routing=routing, optim="adamw_bnb_8bit")
@@ -174,7 +174,7 @@ def test_rollouts_and_training_forwards_run_under_the_weights_autocast(tokenizer
     LoRA matmuls of the rollout and of the training forward both run under bf16 autocast, as the Trainer's
     own forward would (the training forward replaces accelerate's autocast wrapper of ``model.forward``);
     the router and the gate stay fp32 inside it (tarpo/engine/precision.py)."""
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
 
     lm = tiny_causal_lm(tokenizer, "qwen2").to(torch.bfloat16)
     args = make_args(tmp_path, max_steps=1, bf16=True, use_cpu=True, routing=routing)

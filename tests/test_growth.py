@@ -8,7 +8,7 @@ import pytest
 
 from growth import GrowthProbe, differences
 from helpers import letter_reward, make_args, make_dataset
-from tarpo.tiny import tiny_causal_lm
+from tarpo.models.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import DATA, needs_data
 from tarpo.cli import main as cli
-from tarpo.tiny import char_tokenizer, tiny_causal_lm
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,14 +16,14 @@ MAX_FUNCTION_LINES = 60  # a function's body, its docstring not counted, in the 
 SHORT_FUNCTIONS = ("engine", "training")
 # The layers, lowest first: a module imports from its own layer or a lower one, never a higher one.
 LAYERS = [
-    {"tarpo.config", "tarpo.routing", "tarpo.files", "tarpo.losses",  # settings, the routing and loss tables,
+    {"tarpo.config", "tarpo.routing", "tarpo.atomic_files", "tarpo.losses",  # settings, the routing and loss tables,
      "tarpo.architectures"},                                             # the presets' architectures: no model code
     {"tarpo.engine", "tarpo.tasks"},                   # the rollout; data and grading
-    {"tarpo.patches", "tarpo.tiny"},                   # Unsloth's forward serving the engine; tiny test models
-    {"tarpo.models"},                                  # loading a policy and its backend
+    {"tarpo.patches"},                                 # Unsloth's forward serving the engine
+    {"tarpo.models"},                                  # loading a policy and its backend; tiny random models
     {"tarpo.training", "tarpo.evaluation"},            # the trainer; sampling and scoring trained systems
     {"tarpo.cli"},                                     # the tarpo command
-    {"tarpo.runs", "tarpo.demo"},                      # the paper's runs (train, then `tarpo eval`); the CPU demo
+    {"tarpo.runs"},                                    # the paper's runs (train, then `tarpo eval`); the CPU demo
 ]
 
 

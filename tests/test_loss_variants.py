@@ -358,7 +358,7 @@ def test_the_correction_weights_the_policy_gradient_and_not_the_kl():
 # ---- in the trainer and the launchers
 def test_a_tiny_run_logs_the_ratio_metrics_and_saves_the_config_that_ran(tokenizer, tmp_path):
     from helpers import letter_reward, make_args, make_dataset
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
     from tarpo.training.trainer import TarpoTrainer
 
     args = make_args(tmp_path, max_steps=2, loss_type="dapo", scale_rewards="batch", epsilon_high=0.28,
@@ -382,7 +382,7 @@ def test_a_tiny_run_logs_the_ratio_metrics_and_saves_the_config_that_ran(tokeniz
 def test_the_trainer_builds_the_loss_settings_once_and_masks_the_token_term_by_entropy(tokenizer, tmp_path,
                                                                                        monkeypatch):
     from helpers import letter_reward, make_args, make_dataset
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
     from tarpo.training import trainer as trainer_module
 
     seen, loss_fn = [], trainer_module.tarpo_loss

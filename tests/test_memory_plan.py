@@ -14,7 +14,7 @@ from tarpo.runs import memory_plan as mp
 from tarpo.engine.backbone import Backbone
 from tarpo.engine.precision import mixed_precision
 from tarpo.runs.presets import DATASETS, MODELS
-from tarpo.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
+from tarpo.models.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
 from helpers import free_port
 from workers.live_storage import LiveStorage
 

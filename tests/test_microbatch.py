@@ -26,7 +26,7 @@ from transformers import TrainerCallback
 
 from tarpo.training import trainer as trainer_module
 from tarpo.config import TarpoConfig
-from tarpo.tiny import tiny_causal_lm
+from tarpo.models.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer
 
 G = 4            # completions per prompt

@@ -176,7 +176,7 @@ def test_on_a_gpu_no_decode_step_between_end_checks_syncs(tokenizer, monkeypatch
     checks and the rollout's tail: any other host sync of the eager engine raises."""
     import tarpo.engine.rollout as rollout
     from tarpo.engine.records import DONE_CHECK_EVERY
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
 
     model = tiny_causal_lm(tokenizer, "qwen2").cuda()
     step, check, tail = rollout.hybrid_step, rollout._end_check, rollout.steps_that_ran

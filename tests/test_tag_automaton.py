@@ -9,7 +9,7 @@ import torch
 from oracles import TagTracker
 from tarpo.engine.tag_automaton import build, step
 from tarpo.engine.tagging import token_piece_fn
-from tarpo.tiny import bpe_tokenizer, char_tokenizer
+from tarpo.models.tiny import bpe_tokenizer, char_tokenizer
 
 TAGS = ["####", "```python"]
 

@@ -46,7 +46,7 @@ def test_optimizer_is_8bit_adamw_on_cpu(tokenizer, tmp_path):
 
     args = make_args(tmp_path)
     assert str(getattr(args.optim, "value", args.optim)) == "adamw_bnb_8bit"  # paged_adamw_8bit without CUDA
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
     trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer), reward_funcs=letter_reward, args=args,
                            train_dataset=make_dataset(), processing_class=tokenizer)
     opt = trainer.create_optimizer()
@@ -55,7 +55,7 @@ def test_optimizer_is_8bit_adamw_on_cpu(tokenizer, tmp_path):
 
 @pytest.mark.parametrize("routing", ["hard", "soft", "entropy"])
 def test_other_routings_train_lora_and_leave_router_untouched(tokenizer, tmp_path, routing):
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
     args = make_args(tmp_path, routing=routing, max_steps=2)
     trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer), reward_funcs=letter_reward, args=args,
                            train_dataset=make_dataset(), processing_class=tokenizer)
@@ -71,7 +71,7 @@ def test_other_routings_train_lora_and_leave_router_untouched(tokenizer, tmp_pat
 
 
 def test_checkpoint_resume_continues_the_run_exactly(tokenizer, tmp_path):
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
 
     class StopAt(TrainerCallback):  # an interrupted run: stops after step 2 of a 4-step schedule
         def on_step_end(self, args, state, control, **kwargs):
@@ -134,7 +134,7 @@ def test_invalid_config_raises_naming_the_field(tmp_path, bad, match):
 
 def test_saved_adapter_and_router_load_back(tokenizer, tmp_path):
     from tarpo.models.loading import load_trained
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
 
     base_dir = tmp_path / "base"
     tiny_causal_lm(tokenizer, "llama", seed=2).save_pretrained(base_dir)
@@ -160,7 +160,7 @@ def test_saved_adapter_and_router_load_back(tokenizer, tmp_path):
 def test_passed_peft_model_uses_disabled_adapter_as_reference(tokenizer, tmp_path):
     from peft import get_peft_model
 
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
     from tarpo.models.loading import lora_config
     args = make_args(tmp_path, max_steps=1)
     peft_model = get_peft_model(tiny_causal_lm(tokenizer), lora_config(args))
@@ -176,7 +176,7 @@ def test_a_training_run_compiles_one_decode_graph_whatever_its_prompt_lengths(to
     from torch._dynamo.utils import counters
 
     from tarpo.training import trainer as trainer_module
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
 
     torch._dynamo.reset()
     counters.clear()
@@ -207,7 +207,7 @@ def test_engine_auto_on_the_cpu_times_the_first_rollout_then_picks_by_cost(token
 
     from tarpo.engine import engine_choice
     from tarpo.training import trainer as trainer_module
-    from tarpo.tiny import tiny_causal_lm
+    from tarpo.models.tiny import tiny_causal_lm
 
     args = make_args(tmp_path, rollout_engine="auto", max_steps=3, max_completion_length=8)
     trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, "qwen2", seed=0), reward_funcs=letter_reward, args=args,

@@ -51,7 +51,7 @@ def rel(a, b) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from tarpo.tiny import random_model_dir
+    from tarpo.models.tiny import random_model_dir
 
     root = tmp_path_factory.mktemp("unsloth_trainer")
     for arch, config in (("qwen2", TINY), ("llama", TINY_LLAMA)):

@@ -32,7 +32,7 @@ import os
 
 from ..evaluation import paper
 from ..evaluation.tables import build, latex, load_results, markdown
-from ..files import write_text_atomic
+from ..atomic_files import write_text_atomic
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..engine.rollout import RolloutSpec
-from ..files import write_json_atomic
+from ..atomic_files import write_json_atomic
 from ..routing import ENTROPY, MODES
 from ..tasks.prompts import prompt_ids
 from ..tasks.registry import TASKS, load_task

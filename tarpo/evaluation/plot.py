@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..files import atomic_path
+from ..atomic_files import atomic_path
 
 PANELS = [("entropy", "training entropy (nats)"), ("completions/mean_units", "training units (hard + soft)"),
           ("reward", "training reward"), ("soft_ratio", "soft ratio")]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..files import write_json_atomic
+from ..atomic_files import write_json_atomic
 
 
 class TrajectoryFile:

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-from ..files import write_json_atomic
+from ..atomic_files import write_json_atomic
 from ..routing import ROUTINGS
 from .presets import resolve
 

@@ -50,7 +50,7 @@ def prompt_ids(tokenizer, prompt, max_length: int, row: int = 0) -> tuple[list[i
 def encode_prompts(tokenizer, prompts, max_length: int, device=None):
     """Tokenise and left-pad a batch of prompts. Returns ``(ids, mask, n_cut)``.
 
-    >>> from tarpo.tiny import char_tokenizer
+    >>> from tarpo.models.tiny import char_tokenizer
     >>> tok = char_tokenizer()
     >>> ids, mask, n = encode_prompts(tok, ["abcdefgh", "xy"], max_length=5)
     >>> tok.decode(ids[0]), mask[1].tolist(), n

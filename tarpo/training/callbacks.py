@@ -8,7 +8,7 @@ import os
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-from ..files import write_text_atomic
+from ..atomic_files import write_text_atomic
 
 
 class JsonlLogger(TrainerCallback):

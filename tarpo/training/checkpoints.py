@@ -28,7 +28,7 @@ import os
 import re
 import shutil
 
-from ..files import publish_folder as publish  # what a checkpoint save publishes with (tarpo.files)
+from ..atomic_files import publish_folder as publish  # what a checkpoint save publishes with (tarpo.atomic_files)
 
 MANIFEST = "checkpoint_manifest.json"
 FINAL_STATE = "final_state.json"

@@ -49,7 +49,7 @@ from ..engine.precision import mixed_precision
 from ..engine.rollout import Rollout, RolloutSpec, hybrid_generate
 from ..engine.router import Router
 from ..engine.tagging import token_piece_fn
-from ..files import write_json_atomic
+from ..atomic_files import write_json_atomic
 from ..models.backends import make_backbone
 from ..models.loading import lora_config, new_router, stop_token_ids
 from ..patches.trl_guard import check_overrides, pristine_grpo_trainer

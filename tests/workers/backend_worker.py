@@ -42,13 +42,13 @@ ROWS, PROMPT_LEN = 4, 48
 
 
 def prepare(root: str, config: dict, dtype) -> tuple[str, str]:
-    """A random-init Qwen2 of ``config`` (:func:`tarpo.tiny.random_model_dir`) and a saved adapter
+    """A random-init Qwen2 of ``config`` (:func:`tarpo.models.tiny.random_model_dir`) and a saved adapter
     for it: LoRA r 32 on q/k/v/o with nonzero B (so the adapter matters) and a router with
     b0 = [0, 0] (about half the steps soft). Returns ``(model_dir, adapter_dir)``."""
     from peft import LoraConfig, get_peft_model
 
     from tarpo.engine.router import Router
-    from tarpo.tiny import random_model_dir
+    from tarpo.models.tiny import random_model_dir
     base = random_model_dir(os.path.join(root, "base"), config, dtype)
     model = load_base(base, dtype)
     torch.manual_seed(0)
@@ -122,7 +122,7 @@ def teacher_forced(backbone, router, record, device):
 def loss_and_grads(model, backbone, router, device, completion: int):
     from tarpo.training.objective import LossSettings, tarpo_loss
     from tarpo.training.scoring import score_rollout
-    from tarpo.tiny import synthetic_rollout
+    from tarpo.models.tiny import synthetic_rollout
     r = synthetic_rollout(model.config.vocab_size, 8, PROMPT_LEN, completion, 30, device)
     adv = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device)
     for n, p in model.named_parameters():

@@ -29,7 +29,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 from tarpo.training import trainer as trainer_module  # noqa: E402
 from tarpo.config import TarpoConfig  # noqa: E402
-from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 from tarpo.training.trainer import TarpoTrainer  # noqa: E402
 
 

@@ -29,7 +29,7 @@ from tarpo.engine.backbone import Backbone  # noqa: E402
 from tarpo.engine.precision import mixed_precision  # noqa: E402
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
-from tarpo.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm  # noqa: E402
+from tarpo.models.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm  # noqa: E402
 from tarpo.training import sharding  # noqa: E402
 from tarpo.training.distributed import forward_through  # noqa: E402
 from tarpo.training.grad_checkpointing import checkpointing_paused  # noqa: E402

@@ -21,7 +21,7 @@ from helpers import BiasedBackbone, decode_kwargs, encode_prompts  # noqa: E402
 from tarpo.engine import static_decode  # noqa: E402
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
-from tarpo.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 
 
 def any_rank(flag: bool) -> bool:

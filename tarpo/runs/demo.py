@@ -9,7 +9,7 @@
 3. **Evaluation**: CoT (the warm-started model), GRPO and TARPO on the test split,
    ``n`` samples per question, with :mod:`tarpo.evaluation.sample` and the task's grader.
 
-``python -m tarpo.demo --help`` lists the settings; ``run_demo.sh`` sets them as shell
+``python -m tarpo.runs.demo --help`` lists the settings; ``run_demo.sh`` sets them as shell
 variables. The run folder holds ``config.json``, each run's ``metrics.jsonl``,
 ``curves.png`` (training curves), ``table.md`` and ``summary.json``.
 """
@@ -31,19 +31,19 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
-from .config import ENGINES, TarpoConfig, add_flags, default
-from .engine.rollout import RolloutSpec
-from .evaluation.plot import plot_runs
-from .files import publish_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
-from .evaluation.sample import sample, score_records, summarize
-from .models.loading import load_trained
-from .routing import ALGOS, MODES
-from .tasks.graders import reward_function
-from .tasks.registry import load_task, messages
-from .tasks.synthetic import completion_text, make_split, noisy_demonstration
-from .tiny import bpe_tokenizer, tiny_causal_lm
-from .training.callbacks import JsonlLogger, ProgressBar
-from .training.trainer import TarpoTrainer
+from ..config import ENGINES, TarpoConfig, add_flags, default
+from ..engine.rollout import RolloutSpec
+from ..evaluation.plot import plot_runs
+from ..atomic_files import publish_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
+from ..evaluation.sample import sample, score_records, summarize
+from ..models.loading import load_trained
+from ..routing import ALGOS, MODES
+from ..tasks.graders import reward_function
+from ..tasks.registry import load_task, messages
+from ..tasks.synthetic import completion_text, make_split, noisy_demonstration
+from ..models.tiny import bpe_tokenizer, tiny_causal_lm
+from ..training.callbacks import JsonlLogger, ProgressBar
+from ..training.trainer import TarpoTrainer
 
 MODEL = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, intermediate_size=384)
 

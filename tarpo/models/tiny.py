@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from .architectures import ARCHITECTURES
+from ..architectures import ARCHITECTURES
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [("#", "#"), ("##", "##"), ("\n", "\n"), (" ", " ")]
@@ -122,7 +122,7 @@ def left_padded_prompts(batch: int, length: int, vocab: int, pad_token_id: int, 
 def synthetic_rollout(vocab: int, G: int, P: int, T: int, k: int, device, seed: int = 0):
     """A recorded batch for benchmarks and checks: G rows of P prompt and T completion tokens,
     ~10% soft steps with random top-k mixtures, every step but the last a thinking step."""
-    from .engine.rollout import Rollout
+    from ..engine.rollout import Rollout
 
     g = torch.Generator(device="cpu").manual_seed(seed)
     prompt_ids = torch.randint(10, vocab, (G, P), generator=g)
