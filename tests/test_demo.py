@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import score
-from tarpo import demo
+from tarpo.runs import demo
 from tarpo.tasks.synthetic import completion_text, make_split, noisy_demonstration, problem
 from tarpo.tasks.registry import load_task
 
