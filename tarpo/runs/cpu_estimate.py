@@ -120,9 +120,9 @@ def completion_lengths(model, prompts: list[list[int]], max_new_tokens: int, sto
                              eos_token_id=list(stop_ids), pad_token_id=pad_id)[:, longest:]
     finally:
         model.train(was_training)
-    lengths = []
+    lengths, stops = [], set(stop_ids)
     for row in out.tolist():
-        ends = [i for i, t in enumerate(row) if t in set(stop_ids)]
+        ends = [i for i, t in enumerate(row) if t in stops]
         lengths.append(ends[0] + 1 if ends else (max_new_tokens if len(row) >= budget else len(row)))
     return lengths
 
