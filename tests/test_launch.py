@@ -73,26 +73,26 @@ def test_dry_run_other_data_sets_models_and_overrides():
 
 def test_baseline_settings_as_their_authors_run_them():
     """ALGO presets and the launcher variables, resolved in process (tarpo.runs.presets, tarpo.runs.launch)."""
-    from tarpo.runs.launch import check_trainer
+    from tarpo.runs.launch import trainer_arguments
     from tarpo.runs.presets import resolve
 
-    ours = resolve("math", {"ALGO": "hrpo", "HRPO_MIXTURE": "top_k", "HRPO_LAMBDA_LR": "1e-4"})["trainer"]
+    ours = resolve("math", {"ALGO": "hrpo", "HRPO_MIXTURE": "top_k", "HRPO_LAMBDA_LR": "1e-4"}).trainer
     assert (ours["hrpo_mixture"], ours["hrpo_lambda_lr"]) == ("top_k", 1e-4)
-    entropy = resolve("gsm8k", {"ALGO": "grpo_entropy"})["trainer"]
+    entropy = resolve("gsm8k", {"ALGO": "grpo_entropy"}).trainer
     assert (entropy["entropy_threshold"], entropy["entropy_temperature"]) == (0.5, 1.0)
-    assert resolve("gsm8k", {"ALGO": "grpo_entropy", "ENTROPY_TEMPERATURE": "0.5"})["trainer"][
+    assert resolve("gsm8k", {"ALGO": "grpo_entropy", "ENTROPY_TEMPERATURE": "0.5"}).trainer[
         "entropy_temperature"] == 0.5
     # LoRA targets: the paper's table (default, "paper") or the authors' released scripts ("all-linear")
-    released = resolve("math", {"LORA_TARGETS": "all-linear"})["trainer"]["lora_target_modules"]
+    released = resolve("math", {"LORA_TARGETS": "all-linear"}).trainer["lora_target_modules"]
     assert released == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    assert resolve("math", {"LORA_TARGETS": "paper"})["trainer"]["lora_target_modules"] == PAPER_MATH[
+    assert resolve("math", {"LORA_TARGETS": "paper"}).trainer["lora_target_modules"] == PAPER_MATH[
         "lora_target_modules"]
-    assert resolve("math", {"TOP_K": "50"})["trainer"]["top_k"] == 50  # the authors' generate() default
+    assert resolve("math", {"TOP_K": "50"}).trainer["top_k"] == 50  # the authors' generate() default
     for env, message in [({"HRPO_MIXTURE": "all"}, "HRPO_MIXTURE='all': must be one of"),
                          ({"ENTROPY_TEMPERATURE": "0"}, "ENTROPY_TEMPERATURE=0.0: must be > 0"),
                          ({"ENGINE": "fast"}, "ENGINE='fast': must be one of auto, eager, compiled")]:
         with pytest.raises(ValueError, match=message):
-            check_trainer(resolve("math", {"ALGO": "hrpo", **env}), cuda=False)
+            trainer_arguments(resolve("math", {"ALGO": "hrpo", **env}))
 
 
 def test_a_dry_run_on_a_gpu_with_unsloth_resolves_the_compiled_engine(monkeypatch, capsys):
@@ -107,7 +107,7 @@ def test_a_dry_run_on_a_gpu_with_unsloth_resolves_the_compiled_engine(monkeypatc
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "unsloth" else find_spec(name, *a))
-    monkeypatch.setattr(launch, "check_trainer", lambda cfg, cuda: None)  # it would ask transformers for a bf16 GPU
+    monkeypatch.setattr(launch, "trainer_arguments", lambda cfg, whole_step: None)  # it would ask for a bf16 GPU
     status, out, err = run_launcher(monkeypatch, capsys, "math", DRY_RUN="1")
     assert status == 0, err
     cfg = json.loads(out.strip().splitlines()[-1])
@@ -238,7 +238,7 @@ def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path)
     assert cfg["num_processes"] == 4 and cfg["trainer"]["per_device_train_batch_size"] == 8  # BATCH=32 over 4
     assert cfg["launch_command"].split()[1:] == [*ACCELERATE, "--num_processes", "4", "--config_file", str(config),
                                                  "-m", "tarpo.runs.launch", "gsm8k"]
-    assert resolve("gsm8k", {"ACCELERATE_CONFIG": str(config), "NUM_PROCESSES": "2"})["num_processes"] == 2
+    assert resolve("gsm8k", {"ACCELERATE_CONFIG": str(config), "NUM_PROCESSES": "2"}).num_processes == 2
     config.write_text("distributed_type: [\n")
     with pytest.raises(ValueError, match="ACCELERATE_CONFIG=.*ddp.yaml: not an accelerate config file"):
         resolve("gsm8k", {"ACCELERATE_CONFIG": str(config)})
@@ -253,16 +253,19 @@ def test_an_accelerate_config_file_is_passed_on_with_its_process_count(tmp_path)
 
 def test_several_processes_need_cuda_or_accelerate_use_cpu(monkeypatch):
     from tarpo.training.distributed import cpu_requested
-    from tarpo.runs.launch import check_processes
+    from dataclasses import replace
 
-    two, four = {"num_processes": 2, "accelerate_config": None}, {"num_processes": 4, "accelerate_config": None}
+    from tarpo.runs.launch import check_processes
+    from tarpo.runs.presets import resolve
+
+    two, four = (resolve("math", {"NUM_PROCESSES": str(n)}) for n in (2, 4))
     with pytest.raises(ValueError, match="NUM_PROCESSES=2: no CUDA device.*ACCELERATE_USE_CPU=true"):
         check_processes(two, devices=0, cpu=False)
     with pytest.raises(ValueError, match="NUM_PROCESSES=4: 4 processes on this machine, which has 2 CUDA device"):
         check_processes(four, devices=2, cpu=False)
     check_processes(two, devices=2, cpu=False)
-    check_processes({**four, "num_machines": 2}, devices=2, cpu=False)  # 2 a machine
-    check_processes({"num_processes": 1, "accelerate_config": None}, devices=0, cpu=False)
+    check_processes(replace(four, num_machines=2), devices=2, cpu=False)  # 2 a machine
+    check_processes(resolve("math", {}), devices=0, cpu=False)
     check_processes(two, devices=0, cpu=True)  # CI: processes on the CPU, gloo
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
     assert cpu_requested() is False
@@ -298,7 +301,7 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
         monkeypatch.setenv(key, value)
     ran = []
     monkeypatch.setattr(launcher, "run_command", lambda cmd, env: ran.append((cmd, env)) or 0)
-    monkeypatch.setattr(launcher, "train", lambda cfg: pytest.fail("the launching process trained"))
+    monkeypatch.setattr(launcher, "train", lambda cfg, args: pytest.fail("the launching process trained"))
     assert launcher.main(["gsm8k"]) == 0
     (train_cmd, train_env), (eval_cmd, eval_env) = ran
     prefix = [launcher.sys.executable, *ACCELERATE, "--num_processes", "2", "--multi_gpu"]
@@ -312,7 +315,7 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
     # in the launched processes: every one trains, none evaluates (the launching process does), rank 0 alone prints
     monkeypatch.setenv(launcher.LAUNCHED, "1")
     trained = []
-    monkeypatch.setattr(launcher, "train", lambda cfg: trained.append(cfg["trainer"]["per_device_train_batch_size"])
+    monkeypatch.setattr(launcher, "train", lambda cfg, args: trained.append(cfg.trainer["per_device_train_batch_size"])
                         or str(run / "adapter"))
     monkeypatch.setattr(launcher, "evaluate", lambda cfg, adapter: pytest.fail("a launched process evaluated"))
     for rank in ("1", "0"):

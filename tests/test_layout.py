@@ -327,8 +327,8 @@ def test_each_routing_rule_and_mode_is_one_entry_that_the_rest_reads():
     assert all(f"'{name}'" in help_text for name in ROUTINGS)
     for algo, rule in ALGOS.items():
         cfg = resolve("gsm8k", {"ALGO": algo})
-        assert (cfg["trainer"]["routing"], cfg["system"], cfg["eval_mode"]) == (rule.name, rule.system, rule.eval_mode)
-        assert ({name: cfg["trainer"][name] for name in rule.settings}
+        assert (cfg.trainer["routing"], cfg.system, cfg.eval_mode) == (rule.name, rule.system, rule.eval_mode)
+        assert ({name: cfg.trainer[name] for name in rule.settings}
                 == {name: default(name) for name in rule.settings})
     with pytest.raises(ValueError, match="routing='lerned': must be one of learned, hard"):
         routing_rule("lerned")

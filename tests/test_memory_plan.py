@@ -252,7 +252,7 @@ def fake_gpu(monkeypatch, gib):
 def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
     from tarpo.runs import launch
     fake_gpu(monkeypatch, 40)
-    monkeypatch.setattr(launch, "check_trainer", lambda cfg, cuda: None)  # it would ask transformers for a bf16 GPU
+    monkeypatch.setattr(launch, "trainer_arguments", lambda cfg, whole_step: None)  # it would ask for a bf16 GPU
     status, out, err = run_launcher(monkeypatch, capsys, "math", MODEL="qwen2.5-3b", DRY_RUN="1")
     assert status == 0, err
     plan = json.loads(out.strip().splitlines()[-1])["memory_plan"]
@@ -273,7 +273,7 @@ def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
 def test_bad_micro_batches_are_refused_before_anything_loads(monkeypatch, capsys, tmp_path, env, message):
     from tarpo.runs import launch
     fake_gpu(monkeypatch, 79.1)
-    monkeypatch.setattr(launch, "train", lambda cfg: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(launch, "train", lambda cfg, args: pytest.fail("the model was loaded"))
     status, out, err = run_launcher(monkeypatch, capsys, "dapo", OUT_DIR=str(tmp_path / "runs"), **env)
     assert status == 2 and message in err
     if "needs" in message:

@@ -15,17 +15,17 @@ LAUNCH = ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN", "NUM_PROCESSES", "
 def test_report_to_is_none_by_default_and_takes_a_list():
     from tarpo.runs.presets import resolve
 
-    assert resolve("math", {})["trainer"]["report_to"] == "none"  # shown by DRY_RUN=1 with every default
-    assert resolve("math", {"REPORT_TO": "tensorboard"})["trainer"]["report_to"] == "tensorboard"
-    assert resolve("math", {"REPORT_TO": "tensorboard, wandb"})["trainer"]["report_to"] == ["tensorboard", "wandb"]
+    assert resolve("math", {}).trainer["report_to"] == "none"  # shown by DRY_RUN=1 with every default
+    assert resolve("math", {"REPORT_TO": "tensorboard"}).trainer["report_to"] == "tensorboard"
+    assert resolve("math", {"REPORT_TO": "tensorboard, wandb"}).trainer["report_to"] == ["tensorboard", "wandb"]
 
 
 def test_an_unknown_integration_is_refused_naming_report_to_before_anything_loads():
-    from tarpo.runs.launch import check_trainer
+    from tarpo.runs.launch import trainer_arguments
     from tarpo.runs.presets import resolve
 
     with pytest.raises(ValueError, match=r"^REPORT_TO='tensorbord': tensorbord is not supported, only .*tensorboard"):
-        check_trainer(resolve("math", {"REPORT_TO": "tensorbord"}), cuda=False)
+        trainer_arguments(resolve("math", {"REPORT_TO": "tensorbord"}))
 
 
 def test_two_steps_reported_to_tensorboard_hold_the_loss_reward_and_router_scalars(tmp_path, monkeypatch, capsys):
@@ -33,6 +33,7 @@ def test_two_steps_reported_to_tensorboard_hold_the_loss_reward_and_router_scala
     holds, for steps 1 and 2, the loss, the reward and the router's metrics, equal to metrics.jsonl's."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from tarpo.config import TarpoConfig
     from tarpo.runs import launch
 
     for name in LAUNCH:
@@ -44,7 +45,11 @@ def test_two_steps_reported_to_tensorboard_hold_the_loss_reward_and_router_scala
                LORA_ALPHA="8", REPORT_TO="tensorboard")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    built = []  # the launch builds its TarpoConfig once (tarpo.runs.launch.trainer_arguments) and trains with it
+    post_init = TarpoConfig.__post_init__
+    monkeypatch.setattr(TarpoConfig, "__post_init__", lambda self: built.append(self) or post_init(self))
     assert launch.main(["gsm8k"]) == 0, capsys.readouterr().err[-3000:]
+    assert len(built) == 1
     (run,) = (tmp_path / "runs").iterdir()
     (events,) = run.glob("runs/*/events.out.tfevents.*")  # transformers' TensorBoardCallback: <output_dir>/runs/<time>
     board = EventAccumulator(str(events.parent))

@@ -99,7 +99,8 @@ def probe(model, rows: int, length: int = 64) -> Estimate:
         for p, g in zip(model.parameters(), grads):
             p.requires_grad_(g)
         model.train(was_training)
-    return Estimate(decode_step_s=decode, forward_tok_s=batch * length / forward, train_tok_s=batch * length / backward)
+    tokens = batch * length
+    return Estimate(decode_step_s=decode, forward_tok_s=tokens / forward, train_tok_s=tokens / backward)
 
 
 @torch.no_grad()

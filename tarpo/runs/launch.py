@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
-import tempfile
+
+from dataclasses import replace
 
 from ..atomic_files import write_json_atomic
 from ..routing import ROUTINGS
-from .presets import resolve
+from .launch_config import LaunchConfig
+from .presets import resolve, variable_of
 
 LAUNCHED = "TARPO_LAUNCHED"  # "1" in the processes that accelerate launch starts for a launcher run
 
@@ -44,41 +47,42 @@ def process_rank() -> int:
     return int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
 
 
-def accelerate_prefix(cfg: dict) -> list[str] | None:
+def accelerate_prefix(cfg: LaunchConfig) -> list[str] | None:
     """The ``accelerate launch`` command line, up to the module it runs, that starts the run's
     processes; None for one plain process (NUM_PROCESSES=1 and no ACCELERATE_CONFIG).
 
-    >>> accelerate_prefix({"num_processes": 2, "accelerate_config": None})[1:]
+    >>> accelerate_prefix(resolve("math", {"NUM_PROCESSES": "2"}))[1:]
     ['-m', 'accelerate.commands.launch', '--num_processes', '2', '--multi_gpu']
-    >>> accelerate_prefix({"num_processes": 1, "accelerate_config": None}) is None
+    >>> accelerate_prefix(resolve("math", {})) is None
     True
-    >>> accelerate_prefix({"num_processes": 16, "accelerate_config": None, "num_machines": 2, "machine_rank": 1,
-    ...                    "main_process_ip": "10.0.0.1", "main_process_port": 29500})[5:]
-    ['--multi_gpu', '--num_machines', '2', '--machine_rank', '1', '--main_process_ip', '10.0.0.1', '--main_process_port', '29500']
+    >>> two = resolve("math", {"NUM_PROCESSES": "16", "NUM_MACHINES": "2", "MACHINE_RANK": "1",
+    ...                        "MAIN_PROCESS_IP": "10.0.0.1", "MAIN_PROCESS_PORT": "29500"})
+    >>> " ".join(accelerate_prefix(two)[5:])
+    '--multi_gpu --num_machines 2 --machine_rank 1 --main_process_ip 10.0.0.1 --main_process_port 29500'
     """
-    n, config = cfg["num_processes"], cfg["accelerate_config"]
+    n, config = cfg.num_processes, cfg.accelerate_config
     if n == 1 and config is None:
         return None
     nodes = []  # NUM_MACHINES, MACHINE_RANK, MAIN_PROCESS_IP, MAIN_PROCESS_PORT (tarpo.runs.presets.machines)
-    if cfg.get("num_machines", 1) > 1 and cfg.get("main_process_ip"):  # else the config file's own
-        nodes = ["--num_machines", str(cfg["num_machines"]), "--machine_rank", str(cfg["machine_rank"]),
-                 "--main_process_ip", cfg["main_process_ip"]]
-    if cfg.get("main_process_port") is not None:
-        nodes += ["--main_process_port", str(cfg["main_process_port"])]
+    if cfg.num_machines > 1 and cfg.main_process_ip:  # else the config file's own
+        nodes = ["--num_machines", str(cfg.num_machines), "--machine_rank", str(cfg.machine_rank),
+                 "--main_process_ip", cfg.main_process_ip]
+    if cfg.main_process_port is not None:
+        nodes += ["--main_process_port", str(cfg.main_process_port)]
     return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
             *(["--config_file", config] if config else ["--multi_gpu"]), *nodes]
 
 
-def training_command(cfg: dict) -> list[str] | None:
+def training_command(cfg: LaunchConfig) -> list[str] | None:
     """The command that trains with several processes (None: this process trains)."""
     prefix = accelerate_prefix(cfg)
-    return None if prefix is None else [*prefix, "-m", "tarpo.runs.launch", cfg["dataset"]]
+    return None if prefix is None else [*prefix, "-m", "tarpo.runs.launch", cfg.dataset]
 
 
-def check_processes(cfg: dict, devices: int, cpu: bool) -> None:
+def check_processes(cfg: LaunchConfig, devices: int, cpu: bool) -> None:
     """Several processes need a CUDA device each (``devices``: this machine's count), or ``cpu``
     (ACCELERATE_USE_CPU=true), which runs them on the CPU talking over gloo (tests, CI)."""
-    total, machines = cfg["num_processes"], cfg.get("num_machines", 1)
+    total, machines = cfg.num_processes, cfg.num_machines
     n = total // machines  # this machine's processes
     if total == 1 or cpu:
         return
@@ -93,13 +97,13 @@ def check_processes(cfg: dict, devices: int, cpu: bool) -> None:
                          "more machines (NUM_MACHINES, docs/several-gpus.md)")
 
 
-def cpu_run_estimate(cfg: dict, model, tokenizer, dataset) -> float:
+def cpu_run_estimate(cfg: LaunchConfig, model, tokenizer, dataset) -> float:
     """Without CUDA: probe the loaded model (:mod:`tarpo.runs.cpu_estimate`), print the time of a step and
     of the run, and return the run's seconds. Before any file of the run is written."""
     from .cpu_estimate import PROBE_PROMPTS, completion_lengths, describe, planned_steps, probe
     from ..models.loading import stop_token_ids
     from ..tasks.prompts import prompt_ids
-    t = cfg["trainer"]
+    t = cfg.trainer
     rows = t["per_device_train_batch_size"] * t.get("gradient_accumulation_steps", 1)
     sample = [prompt_ids(tokenizer, p, t["max_prompt_length"], i)[0] for i, p in enumerate(dataset["prompt"][:64])]
     prompt = round(sum(map(len, sample)) / max(1, len(sample)))
@@ -110,71 +114,78 @@ def cpu_run_estimate(cfg: dict, model, tokenizer, dataset) -> float:
     estimate = probe(model, rows)
     step = estimate.step_seconds(rows, prompt, completion, t["beta"])
     steps = planned_steps(t.get("max_steps", -1), t["num_train_epochs"], len(dataset), t["num_generations"],
-                          rows * cfg["num_processes"])
+                          rows * cfg.num_processes)
     print(f"CPU estimate: {describe(step)} a step ({rows} completions of up to {t['max_completion_length']} tokens, "
           f"{completion} in the probe's longest of {len(lengths)}, after prompts of ~{prompt}: decode "
           f"{estimate.decode_step_s * 1000:.0f} ms a token, forward {estimate.forward_tok_s:.0f} tokens/s, training "
-          f"{estimate.train_tok_s:.0f} tokens/s), {steps} steps: {describe(step * steps)} (tarpo/runs/cpu_estimate.py)",
-          flush=True)
+          f"{estimate.train_tok_s:.0f} tokens/s), {steps} steps: {describe(step * steps)} "
+          "(tarpo/runs/cpu_estimate.py)", flush=True)
     return step * steps
 
 
-def check_data(cfg: dict) -> None:
+def check_data(cfg: LaunchConfig) -> None:
     """EVAL=1 with an EVAL_DATA_DIR needs a folder there for each benchmark (that DATA_PATH and
     EVAL_DATA_DIR exist, :func:`tarpo.runs.presets.resolve` has checked)."""
-    root = cfg["eval_data_dir"]
-    if cfg["eval"] and root is not None:
-        missing = [t for t in cfg["eval_tasks"] if not os.path.exists(os.path.join(root, t))]
+    root = cfg.eval_data_dir
+    if cfg.eval and root is not None:
+        missing = [t for t in cfg.eval_tasks if not os.path.exists(os.path.join(root, t))]
         if missing:
             raise ValueError(f"EVAL_DATA_DIR={root}: no folder for {', '.join(missing)} (EVAL=1 evaluates "
-                             f"{', '.join(cfg['eval_tasks'])})")
+                             f"{', '.join(cfg.eval_tasks)})")
 
 
-def check_trainer(cfg: dict, cuda: bool) -> None:
-    """Build the trainer's configuration once, before anything is loaded or written; an invalid
-    field is reported under the launcher variable that sets it."""
-    import re
+def trainer_arguments(cfg: LaunchConfig, whole_step: bool = False):
+    """The run's :class:`tarpo.config.TarpoConfig`, built from ``cfg.trainer`` alone, once, before anything is
+    loaded or written; an invalid field is reported under the launcher variable that sets it, as are a BACKEND
+    that is not installed and a REPORT_TO integration that cannot start. bf16 without CUDA trains with
+    ``use_cpu``.
+
+    ``whole_step``: in the process that starts the run's processes (which trains nothing), TRL's batch checks
+    see the whole step's completions, as they will across NUM_PROCESSES processes. Building it writes no file.
+    """
+    import torch
+    from transformers.integrations import get_reporting_integration_callbacks
 
     from ..config import TarpoConfig
     from ..models.loading import resolve_backend
-    from .presets import variable_of
-    # TRL's batch checks see the whole step's completions, as they will across NUM_PROCESSES processes
-    batch = cfg["trainer"]["per_device_train_batch_size"] * cfg["num_processes"]
-    with tempfile.TemporaryDirectory() as scratch:  # nothing may appear in the run folder yet
-        try:
-            args = TarpoConfig(**{**cfg["trainer"], "bf16": cfg["trainer"]["bf16"] and cuda, "output_dir": scratch,
-                                  "per_device_train_batch_size": batch})
-            resolve_backend(cfg["backend"])
-        except ValueError as exc:
-            raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
-                                    lambda m: f"{variable_of(m[1]) or 'TarpoConfig.' + m[1]}=", str(exc))) from None
-    try:  # REPORT_TO: callbacks that the Trainer makes; one whose package is not installed raises here, not there
-        from transformers.integrations import get_reporting_integration_callbacks
+    t = dict(cfg.trainer)
+    if whole_step:
+        t["per_device_train_batch_size"] *= cfg.num_processes
+    if t["bf16"] and not torch.cuda.is_available():
+        t["use_cpu"] = True
+    try:
+        args = TarpoConfig(**t)
+        resolve_backend(cfg.backend)
+    except ValueError as exc:
+        raise ValueError(re.sub(r"TarpoConfig\.(\w+)=",
+                                lambda m: f"{variable_of(m[1]) or 'TarpoConfig.' + m[1]}=", str(exc))) from None
+    try:  # the callbacks the Trainer will make: one whose package is not installed raises here, not there
         for callback in get_reporting_integration_callbacks(args.report_to):
             callback()
     except (ValueError, RuntimeError, ImportError) as exc:
-        raise ValueError(f"REPORT_TO={cfg['trainer']['report_to']!r}: {exc}") from None
+        raise ValueError(f"REPORT_TO={cfg.trainer['report_to']!r}: {exc}") from None
+    return args
 
 
-def plan_memory(cfg: dict, cuda: bool) -> None:
+def plan_memory(cfg: LaunchConfig, cuda: bool) -> LaunchConfig:
     """Plan the run's GPU memory before anything loads (:mod:`tarpo.runs.memory_plan`, docs/memory-plan.md)
     and train in the micro-batch it picks: the largest divisor of the per-process batch whose peak fits
     the GPU (or MICRO_BATCH), with ``BATCH / NUM_PROCESSES / micro-batch`` gradient-accumulation steps.
     Without CUDA the plan is for an 80 GB GPU; it refuses a run only where it targets a GPU (CUDA, or
-    ``DRY_RUN=1``): a CPU run of a tiny model is told the plan, never stopped by it. Sets
-    ``cfg["memory_plan"]`` and the trainer's batch fields; the run folder keeps its BATCH name."""
+    ``DRY_RUN=1``): a CPU run of a tiny model is told the plan, never stopped by it. Returns ``cfg`` with its
+    ``memory_plan`` and the trainer's batch fields; the run folder keeps its BATCH name."""
     from . import memory_plan as mp
     from ..models.loading import resolve_backend
     from ..engine.engine_choice import engine_for
 
-    t, per_process, requested = cfg["trainer"], cfg["trainer"]["per_device_train_batch_size"], cfg["micro_batch"]
-    config = mp.model_config(cfg["model"], cfg["preset"])
+    t, per_process, requested = cfg.trainer, cfg.trainer["per_device_train_batch_size"], cfg.micro_batch
+    config = mp.model_config(cfg.model, cfg.preset)
     if config is None:
         micro = requested or per_process
-        result = {"skipped": f"no config.json for {cfg['model']} offline (not a preset, a local folder or in the "
+        result = {"skipped": f"no config.json for {cfg.model} offline (not a preset, a local folder or in the "
                              "hub cache): memory not planned", "micro_batch": micro}
     else:
-        backend = resolve_backend(cfg["backend"])
+        backend = resolve_backend(cfg.backend)
         rule = ROUTINGS[t["routing"]]
         run = mp.Run(rows=per_process, prompt=t["max_prompt_length"], completion=t["max_completion_length"],
                      engine=engine_for(t.get("rollout_engine", "auto"), True, "ENGINE"),  # the GPU's engine
@@ -182,7 +193,7 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
                      soft_top_k=t["soft_top_k"], full_mix=rule.full_mixture(t.get("hrpo_mixture")), gate=rule.gate,
                      optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),
                      full_kl=t.get("token_kl") == "full", checkpointing=t["gradient_checkpointing"],
-                     weight_bytes=2 if t["bf16"] else 4, shards=cfg["num_processes"] if cfg.get("sharding") else 1)
+                     weight_bytes=2 if t["bf16"] else 4, shards=cfg.num_processes if cfg.sharding else 1)
         shapes = mp.shapes_of(config, t["lora_target_modules"], t["lora_r"])
         import torch
         total = torch.cuda.mem_get_info()[1] if cuda else mp.GPU_80GB
@@ -192,40 +203,33 @@ def plan_memory(cfg: dict, cuda: bool) -> None:
                   "gpu_gib": round(total / mp.GIB, 2), "usable_gib": round(mp.usable_bytes(total) / mp.GIB, 2),
                   "gpu": torch.cuda.get_device_name() if cuda else "none: planned for an 80 GB GPU",
                   "engine": run.engine, "backend": backend, "shards": run.shards}
-        if not p["fits"] and (cuda or cfg["dry_run"]):
+        if not p["fits"] and (cuda or cfg.dry_run):
             at = f"MICRO_BATCH={requested}" if requested else "micro-batch 1"
             change = ("set a smaller MICRO_BATCH (or leave it empty to pick one), or lower BATCH, "
                       "MAX_COMPLETION_LENGTH or MODEL") if requested else "lower BATCH, MAX_COMPLETION_LENGTH or MODEL"
-            if cfg.get("sharding"):
-                change = (f"raise NUM_PROCESSES (now {cfg['num_processes']}; FSDP2 shares the weights and the "
+            if cfg.sharding:
+                change = (f"raise NUM_PROCESSES (now {cfg.num_processes}; FSDP2 shares the weights and the "
                           f"rollout's rows among the processes, over several machines with NUM_MACHINES), or {change}")
-            elif cfg["num_processes"] == 1:
-                change += ", or shard the model over several GPUs (ACCELERATE_CONFIG=configs/fsdp2.yaml NUM_PROCESSES=8)"
-            raise ValueError(f"{'MICRO_BATCH' if requested else 'BATCH'}: the run needs {p['peak_gib']:.1f} GiB at {at} "
-                             f"(rollout {p['rollout_gib']:.1f}, training {p['train_gib']:.1f}), more than the "
+            elif cfg.num_processes == 1:
+                change += (", or shard the model over several GPUs (ACCELERATE_CONFIG=configs/fsdp2.yaml "
+                           "NUM_PROCESSES=8)")
+            raise ValueError(f"{'MICRO_BATCH' if requested else 'BATCH'}: the run needs {p['peak_gib']:.1f} GiB at "
+                             f"{at} (rollout {p['rollout_gib']:.1f}, training {p['train_gib']:.1f}), more than the "
                              f"{result['usable_gib']} GiB usable of this {result['gpu_gib']} GiB GPU: {change} "
                              "(docs/memory-plan.md)")
         result["fits"] = p["fits"]
-    t["per_device_train_batch_size"] = micro
-    t["gradient_accumulation_steps"] = per_process // micro
-    cfg["memory_plan"] = {**result, "gradient_accumulation_steps": per_process // micro}
+    steps = per_process // micro
+    return replace(cfg.with_trainer(per_device_train_batch_size=micro, gradient_accumulation_steps=steps),
+                   memory_plan={**result, "gradient_accumulation_steps": steps})
 
 
-def print_config(cfg: dict) -> None:
-    for key, value in cfg.items():
-        if key != "trainer":
-            print(f"{key:>16} = {value}")
-    for key, value in cfg["trainer"].items():
-        print(f"{'trainer.' + key:>32} = {value}")
-    print(json.dumps(cfg, sort_keys=True))
-
-
-def train(cfg: dict) -> str:
-    """Train into ``cfg['run_dir']``; returns the saved adapter folder. Every process of a run calls
-    this; the main one alone writes the configuration, clears interrupted saves and prints."""
+def train(cfg: LaunchConfig, args) -> str:
+    """Train into ``cfg.run_dir`` with ``args``, the run's TarpoConfig (:func:`trainer_arguments`); returns
+    the saved adapter folder. Every process of a run calls this; the main one alone writes the configuration,
+    clears interrupted saves and prints."""
     from ..training.callbacks import JsonlLogger
-    from ..training.checkpoints import DiskFull, finished_step, last_complete_checkpoint, remove_partial_saves, save_final
-    from ..config import TarpoConfig
+    from ..training.checkpoints import (DiskFull, finished_step, last_complete_checkpoint, remove_partial_saves,
+                                        save_final)
     from ..tasks.graders import reward_function
     from ..models.loading import load_tokenizer, training_policy
     from ..tasks.prompts import count_too_long
@@ -233,10 +237,7 @@ def train(cfg: dict) -> str:
     from ..training.trainer import TarpoTrainer
     import torch
 
-    run_dir, main = cfg["run_dir"], process_rank() == 0
-    # validates every field before the model loads; BF16=1 without CUDA: bf16 mixed precision on the CPU
-    cpu_bf16 = {"use_cpu": True} if cfg["trainer"]["bf16"] and not torch.cuda.is_available() else {}
-    args = TarpoConfig(**cfg["trainer"], **cpu_bf16)  # report_to: REPORT_TO, none by default
+    run_dir, main = cfg.run_dir, process_rank() == 0
     adapter = os.path.join(run_dir, "adapter")
     done = finished_step(run_dir, args.max_steps, args.num_train_epochs)
     if done is not None:  # a re-run of a finished run: nothing is loaded, trained or written
@@ -245,24 +246,24 @@ def train(cfg: dict) -> str:
                   "to train further, or set another RUN_NAME/OUT_DIR for a new run)")
         return adapter
     try:
-        tokenizer = load_tokenizer(cfg["model"])
+        tokenizer = load_tokenizer(cfg.model)
     except OSError as exc:  # offline without the model in the hub cache, a folder without a tokenizer, ...
         where = "" if torch.cuda.is_available() else (" On a CPU-only machine run the demo (bash run_demo.sh) or "
                                                       "set MODEL to a small local model folder.")
-        raise ValueError(f"MODEL={cfg['model']}: cannot be loaded ({str(exc).splitlines()[0]}).{where}") from None
-    dataset = load_task(cfg["task"], cfg["data_path"], "train", limit=cfg["train_limit"])
+        raise ValueError(f"MODEL={cfg.model}: cannot be loaded ({str(exc).splitlines()[0]}).{where}") from None
+    dataset = load_task(cfg.task, cfg.data_path, "train", limit=cfg.train_limit)
     count_too_long(tokenizer, dataset["prompt"], args.max_prompt_length)  # a prompt that cannot fit: refused now
-    model = training_policy(cfg["model"], args, cfg["backend"], "bfloat16" if args.bf16 else "float32")
+    model = training_policy(cfg.model, args, cfg.backend, "bfloat16" if args.bf16 else "float32")
     if not torch.cuda.is_available():
         seconds = cpu_run_estimate(cfg, model, tokenizer, dataset)
-        if seconds > cfg["cpu_max_hours"] * 3600:
-            raise ValueError(f"CPU_MAX_HOURS={cfg['cpu_max_hours']:g}: this run would take about {seconds / 3600:.1f} h "
-                             "on this CPU; lower MAX_STEPS, BATCH or MAX_COMPLETION_LENGTH, use a GPU, or raise "
-                             "CPU_MAX_HOURS")
+        if seconds > cfg.cpu_max_hours * 3600:
+            raise ValueError(f"CPU_MAX_HOURS={cfg.cpu_max_hours:g}: this run would take about "
+                             f"{seconds / 3600:.1f} h on this CPU; lower MAX_STEPS, BATCH or MAX_COMPLETION_LENGTH, "
+                             "use a GPU, or raise CPU_MAX_HOURS")
     os.makedirs(run_dir, exist_ok=True)
     if main:
-        write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg)
-    trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg["task"]), args=args, train_dataset=dataset,
+        write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg.to_dict())
+    trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg.task), args=args, train_dataset=dataset,
                            processing_class=tokenizer,
                            callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
     if main:
@@ -281,29 +282,28 @@ def train(cfg: dict) -> str:
     return adapter
 
 
-def evaluation_args(cfg: dict, adapter: str) -> list[str]:
+def evaluation_args(cfg: LaunchConfig, adapter: str) -> list[str]:
     """The ``tarpo eval`` arguments that evaluate the trained system as the paper does."""
-    args = ["eval", "--model", cfg["model"], "--adapter", adapter, "--mode", cfg["eval_mode"], "--system",
-            cfg["system"], "--tasks", ",".join(cfg["eval_tasks"]), "--n", str(cfg["eval_n"]),
-            "--out", os.path.join(cfg["run_dir"], "eval"), "--seed", str(cfg["trainer"]["seed"]),
-            "--backend", cfg["backend"]]
-    for name in ("entropy_threshold", "entropy_temperature", "entropy_soft_when"):  # mode entropy routes as training did
-        if name in cfg["trainer"]:
-            args += [f"--{name.replace('_', '-')}", str(cfg["trainer"][name])]
-    if cfg["eval_limit"]:
-        args += ["--limit", str(cfg["eval_limit"])]
-    if cfg["eval_data_dir"]:
-        args += ["--data-dir", cfg["eval_data_dir"]]
+    args = ["eval", "--model", cfg.model, "--adapter", adapter, "--mode", cfg.eval_mode, "--system",
+            cfg.system, "--tasks", ",".join(cfg.eval_tasks), "--n", str(cfg.eval_n),
+            "--out", os.path.join(cfg.run_dir, "eval"), "--seed", str(cfg.trainer["seed"]), "--backend", cfg.backend]
+    for name in ("entropy_threshold", "entropy_temperature", "entropy_soft_when"):  # mode entropy: as in training
+        if name in cfg.trainer:
+            args += [f"--{name.replace('_', '-')}", str(cfg.trainer[name])]
+    if cfg.eval_limit:
+        args += ["--limit", str(cfg.eval_limit)]
+    if cfg.eval_data_dir:
+        args += ["--data-dir", cfg.eval_data_dir]
     return args
 
 
-def evaluate(cfg: dict, adapter: str) -> int:
+def evaluate(cfg: LaunchConfig, adapter: str) -> int:
     """``tarpo eval`` in this process (one-process runs)."""
     from ..cli import main as cli
     return cli(evaluation_args(cfg, adapter))
 
 
-def evaluation_command(cfg: dict, adapter: str) -> list[str]:
+def evaluation_command(cfg: LaunchConfig, adapter: str) -> list[str]:
     """``tarpo eval`` through the run's ``accelerate launch`` prefix (runs with several processes)."""
     return [*accelerate_prefix(cfg), "-m", "tarpo.cli", *evaluation_args(cfg, adapter)]
 
@@ -324,15 +324,15 @@ def run_command(cmd: list[str], env: dict[str, str]) -> int:
     return 128 - status if status < 0 else status
 
 
-def launch_processes(cfg: dict) -> int:
+def launch_processes(cfg: LaunchConfig) -> int:
     """Train through ``accelerate launch`` and wait for every process; then, with EVAL=1, evaluate
     through the same prefix, once the training processes have ended and freed their devices."""
     # every process trains in the micro-batch planned here
-    env = {**os.environ, LAUNCHED: "1", "MICRO_BATCH": str(cfg["memory_plan"]["micro_batch"])}
+    env = {**os.environ, LAUNCHED: "1", "MICRO_BATCH": str(cfg.memory_plan["micro_batch"])}
     status = run_command(training_command(cfg), env)
-    if status != 0 or not cfg["eval"]:
+    if status != 0 or not cfg.eval:
         return status
-    return run_command(evaluation_command(cfg, os.path.join(cfg["run_dir"], "adapter")), dict(os.environ))
+    return run_command(evaluation_command(cfg, os.path.join(cfg.run_dir, "adapter")), dict(os.environ))
 
 
 def main(argv=None) -> int:
@@ -349,29 +349,29 @@ def main(argv=None) -> int:
         from ..training.distributed import cpu_requested
         cuda = torch.cuda.is_available()
         command = training_command(cfg)
-        cfg["launch_command"] = None if command is None else shlex.join(command)
-        cpu = cpu_requested()
+        # this process starts the run's processes, unless it is one of them (or accelerate started it)
+        starts = command is not None and not launched and "LOCAL_RANK" not in os.environ
+        cfg = replace(cfg, launch_command=None if command is None else shlex.join(command))
         check_data(cfg)
-        plan_memory(cfg, cuda)
-        check_trainer(cfg, cuda)
-        if not cfg["dry_run"]:
-            check_processes(cfg, torch.cuda.device_count() if cuda else 0, cpu)
+        cfg = plan_memory(cfg, cuda)  # the GPU's plan, in the launcher's precision
+        if not cfg.dry_run:  # DRY_RUN=1 shows what a GPU would train
+            cfg = cfg.on_device(cuda)
+        args = trainer_arguments(cfg, whole_step=starts)  # the run's one TarpoConfig, before anything loads
+        if not cfg.dry_run:
+            check_processes(cfg, torch.cuda.device_count() if cuda else 0, cpu_requested())
     except ValueError as exc:
         print(f"tarpo launch: error: {exc}", file=sys.stderr)
         return 2
-    if cfg["dry_run"]:
+    if cfg.dry_run:
         if main_process:
-            print_config(cfg)
+            print(cfg.listing())
         return 0
     if main_process:
-        print(f"memory plan: {json.dumps(cfg['memory_plan'])}", flush=True)
-    # this process starts the run's processes, unless it is one of them (or accelerate started it)
-    if command is not None and not launched and "LOCAL_RANK" not in os.environ:
+        print(f"memory plan: {json.dumps(dict(cfg.memory_plan))}", flush=True)
+    if starts:
         return launch_processes(cfg)
-    if not cuda and not os.environ.get("BF16"):  # unset or empty: not chosen
-        cfg["trainer"]["bf16"] = False  # a tiny local model on CPU trains in fp32
     try:
-        adapter = train(cfg)
+        adapter = train(cfg, args)
     except ValueError as exc:
         print(f"tarpo launch: error: {exc}", file=sys.stderr)
         return 2
@@ -380,7 +380,7 @@ def main(argv=None) -> int:
     print(f"adapter and router saved to {adapter}")
     if launched:  # the process that launched this one evaluates, once every process has ended
         return 0
-    return evaluate(cfg, adapter) if cfg["eval"] else 0
+    return evaluate(cfg, adapter) if cfg.eval else 0
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """The paper's runs as data: the one place where the launchers' defaults live (docs/algorithm.md §5).
 
 A run is a data set preset (GSM8K, MATH, DAPO-Math-17k), a model preset and an algorithm;
-:func:`resolve` merges them with user overrides into the keyword arguments of
-:class:`tarpo.config.TarpoConfig` plus the launcher's own settings.
+:func:`resolve` merges them with user overrides into a :class:`tarpo.runs.launch_config.LaunchConfig`: the
+keyword arguments of :class:`tarpo.config.TarpoConfig` plus the launcher's own settings.
 
     >>> cfg = resolve("math", {})
-    >>> cfg["model"], cfg["trainer"]["action_bias"], cfg["trainer"]["num_generations"]
+    >>> cfg.model, cfg.trainer["action_bias"], cfg.trainer["num_generations"]
     ('Qwen/Qwen2.5-3B-Instruct', [2.2, 0.0], 8)
-    >>> resolve("math", {"MODEL": "qwen2.5-7b"})["trainer"]["action_bias"]
+    >>> resolve("math", {"MODEL": "qwen2.5-7b"}).trainer["action_bias"]
     [4.6, 0.0]
 """
 
@@ -18,6 +18,7 @@ import os
 
 from ..architectures import ARCHITECTURES
 from ..routing import ALGOS, MODES
+from .launch_config import LaunchConfig
 
 # ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
 DATASETS = {
@@ -146,7 +147,8 @@ VARIABLES = {
     "EPSILON": ("epsilon", float), "EPSILON_HIGH": ("epsilon_high", float),
     "SAPO_TEMPERATURE_POS": ("sapo_temperature_pos", float), "SAPO_TEMPERATURE_NEG": ("sapo_temperature_neg", float),
     "TOP_ENTROPY_QUANTILE": ("top_entropy_quantile", float),
-    "IS_CORRECTION": ("is_correction", str), "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
+    "IS_CORRECTION": ("is_correction", str),
+    "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
     "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str), "REPORT_TO": ("report_to", _integrations),
 }
 # launcher settings (not TarpoConfig fields)
@@ -260,7 +262,8 @@ def machines(s: dict, processes: int, configured: int = 1) -> dict:
         raise ValueError(f"MAIN_PROCESS_PORT={port}: must be a port number, 1 .. 65535")
     if n > 1 and "NUM_MACHINES" in s:  # a config file's machines are its own business
         if not ip:
-            raise ValueError(f"NUM_MACHINES={n}: set MAIN_PROCESS_IP to the address of the machine with MACHINE_RANK=0")
+            raise ValueError(f"NUM_MACHINES={n}: set MAIN_PROCESS_IP to the address of the machine with "
+                             "MACHINE_RANK=0")
         if processes % n:
             raise ValueError(f"NUM_PROCESSES={processes}: the processes of all {n} machines together "
                              f"(NUM_MACHINES={n}), so a multiple of NUM_MACHINES")
@@ -274,7 +277,7 @@ def _parse(name, parser, raw):
         raise ValueError(f"{name}={raw!r}: {exc}") from None
 
 
-def resolve(dataset: str, env: dict[str, str]) -> dict:
+def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
     """The full configuration of a launcher run; ``env`` maps variable names to strings
     (empty or absent = the preset). Raises ``ValueError`` naming the bad variable."""
     if dataset not in DATASETS:
@@ -282,8 +285,8 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
     slips = misspelt(env)  # every one at once, before anything else is read
     if slips:
         unset = " ".join(f"-u {slip.split('=')[0]}" for slip in slips)
-        raise ValueError("; ".join(slips) + f" (scripts/launch.sh lists the variables; for another program's: env {unset} "
-                         f"bash run_{dataset}.sh)")
+        raise ValueError("; ".join(slips) + " (scripts/launch.sh lists the variables; for another program's: "
+                         f"env {unset} bash run_{dataset}.sh)")
     env = {k: v for k, v in env.items() if (k in VARIABLES or k in SETTINGS) and v != ""}
     s = {k: _parse(k, SETTINGS[k], v) for k, v in env.items() if k in SETTINGS}
     if s.get("BACKEND", "auto") not in ("auto", "hf", "unsloth"):
@@ -309,7 +312,8 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
     overrides = {VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES}
     data = DATASETS[dataset]
     trainer = {**common(algo), **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
-               **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")}, "routing": ALGOS[algo].name}
+               **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")},
+               "routing": ALGOS[algo].name}
     trainer.update(overrides)
     group, batch = trainer["num_generations"], trainer["per_device_train_batch_size"]
     if group < 2:
@@ -344,15 +348,13 @@ def resolve(dataset: str, env: dict[str, str]) -> dict:
                                  f"-beta{trainer['beta']:g}-b0{b0[0]:g}-s{trainer['seed']}")
     out = os.path.join(s.get("OUT_DIR", "runs"), name)
     trainer["output_dir"] = out
-    return {
-        "dataset": dataset, "task": data["task"], "algo": algo, "system": ALGOS[algo].system,
-        "model": model, "model_name": os.path.basename(model.rstrip("/")), "run_dir": out,
-        "preset": model_key.lower() if preset else None, "micro_batch": micro,
-        "data_path": s.get("DATA_PATH"), "train_limit": s.get("TRAIN_LIMIT"),
-        "eval": s.get("EVAL", False), "eval_tasks": data["eval_tasks"], "eval_mode": ALGOS[algo].eval_mode,
-        "eval_n": s.get("EVAL_N", MODES[ALGOS[algo].eval_mode].samples), "eval_limit": s.get("EVAL_LIMIT"),
-        "eval_data_dir": s.get("EVAL_DATA_DIR"),
-        "dry_run": s.get("DRY_RUN", False), "backend": "hf" if sharding else s.get("BACKEND", "auto"),
-        "num_processes": processes, "accelerate_config": accelerate_config, "sharding": sharding, **nodes,
-        "cpu_max_hours": s.get("CPU_MAX_HOURS", 12.0), "trainer": trainer,
-    }
+    return LaunchConfig(
+        dataset=dataset, task=data["task"], algo=algo, system=ALGOS[algo].system, model=model,
+        model_name=os.path.basename(model.rstrip("/")), run_dir=out, preset=model_key.lower() if preset else None,
+        micro_batch=micro, data_path=s.get("DATA_PATH"), train_limit=s.get("TRAIN_LIMIT"), eval=s.get("EVAL", False),
+        eval_tasks=data["eval_tasks"], eval_mode=ALGOS[algo].eval_mode,
+        eval_n=s.get("EVAL_N", MODES[ALGOS[algo].eval_mode].samples), eval_limit=s.get("EVAL_LIMIT"),
+        eval_data_dir=s.get("EVAL_DATA_DIR"), dry_run=s.get("DRY_RUN", False),
+        backend="hf" if sharding else s.get("BACKEND", "auto"), num_processes=processes,
+        accelerate_config=accelerate_config, sharding=sharding, **nodes, cpu_max_hours=s.get("CPU_MAX_HOURS", 12.0),
+        bf16_set="BF16" in env, trainer=trainer)
