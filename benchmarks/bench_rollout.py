@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from transformers import CompileConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from tarpo.engine.backbone import Backbone  # noqa: E402
-from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.models.tiny import left_padded_prompts  # noqa: E402
 
@@ -75,7 +75,7 @@ def main():
     lengths = mask.sum(1)
     backbone = Backbone(model)
     router = Router(model.config.hidden_size, bias=[2.2, 0.0])  # rho(soft) ~ 10%
-    piece = lambda tok: "#" if tok == 3 else "a"  # noqa: E731  (a tag is reachable but improbable)
+    token_text = lambda tok: "#" if tok == 3 else "a"  # noqa: E731  (a tag is reachable but improbable)
     static = CompileConfig(fullgraph=True, dynamic=False)
     static._compile_all_devices = True  # generate compiles only on accelerators unless told
 
@@ -88,8 +88,7 @@ def main():
     def run_engine(routing, engine, noise_seed=None):
         spec = RolloutSpec(max_new_tokens=args.new_tokens, temperature=0.5, top_k=0, top_p=1.0, routing=routing,
                            soft_top_k=30, answer_tag="####", engine=engine)
-        r = hybrid_generate(backbone, router, ids, mask, spec, piece, eos_token_ids=[], pad_token_id=0,
-                            noise_seed=noise_seed)
+        r = hybrid_generate(Policy(backbone, token_text, [], 0, router), ids, mask, spec, noise_seed=noise_seed)
         return int(r.units.sum()), float(r.is_soft.sum() / r.units.sum())
 
     methods = {

@@ -40,10 +40,11 @@ CONFIG = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_
 
 
 def rollout(backbone, router, ids, mask, engine, steps, tok):
-    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+    from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
     spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing="learned", engine=engine,
                        compact_finished_rows=False)
-    return hybrid_generate(backbone, router, ids, mask, spec, lambda i: "x", [], tok.pad_token_id, noise_seed=7)
+    return hybrid_generate(Policy(backbone, lambda i: "x", [], tok.pad_token_id, router), ids, mask, spec,
+                           noise_seed=7)
 
 
 def launches(run) -> int:

@@ -46,10 +46,10 @@ from tarpo.atomic_files import write_json_atomic, write_text_atomic  # noqa: E40
 from tarpo.models.backends import make_backbone  # noqa: E402
 from tarpo.models.loading import lora_config, resolve_backend  # noqa: E402
 from tarpo.training.objective import LossSettings, tarpo_loss  # noqa: E402
-from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.training.scoring import score_rollout  # noqa: E402
-from tarpo.engine.tagging import token_piece_fn  # noqa: E402
+from tarpo.engine.tagging import token_text_fn  # noqa: E402
 from tarpo.models.tiny import QWEN25_3B, QWEN25_15B, left_padded_prompts, random_model_dir, synthetic_rollout  # noqa: E402
 
 VERSIONED = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "tarpo")
@@ -118,14 +118,14 @@ def bench_rollout(path, backend, device, args, config, ours=True, reference=Fals
     # left-padded prompts of varying lengths (prompt_len down to prompt_len / 4): a padding mask at every step
     prompts, mask = left_padded_prompts(args.batch, args.prompt_len, model.config.vocab_size, tok.pad_token_id)
     prompts, mask = prompts.to(device), mask.to(device)
-    piece = token_piece_fn(tok)
+    token_text = token_text_fn(tok)
     spec = RolloutSpec(max_new_tokens=args.new_tokens, temperature=0.5, routing="learned", engine=engine)
     out = {"engine": engine, "prompt_lengths": [int(mask.sum(1).min()), int(mask.sum(1).max())]}
 
     def generate(n):
         s = RolloutSpec(max_new_tokens=n, temperature=0.5, routing="learned", engine=engine)
-        return hybrid_generate(make_backbone(model), router, prompts, mask, s, piece, [tok.eos_token_id],
-                               tok.pad_token_id)
+        return hybrid_generate(Policy(make_backbone(model), token_text, [tok.eos_token_id], tok.pad_token_id, router),
+                               prompts, mask, s)
 
     if ours:
         warm = timed(lambda: generate(spec.max_new_tokens if engine == "compiled" else 16), 1)  # kernels, compile

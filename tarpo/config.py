@@ -13,7 +13,7 @@ import torch
 from trl import GRPOConfig
 
 from .losses import LOSS_TYPES, LOSSES  # the loss variants' table owns their names
-from .routing import HRPO_MIXTURES, ROUTINGS
+from .algorithms import HRPO_MIXTURES, ROUTINGS
 
 TOKEN_KL_MODES = ("k3", "full")
 SCALE_REWARDS = ("group", "batch", "none")       # tarpo.training.objective.group_advantages
@@ -197,7 +197,7 @@ class TarpoConfig(GRPOConfig):
     # ---- routing (docs/algorithm.md §1, §2 ablations, §3) ----
     routing: str = field(
         default="learned",
-        metadata={"help": "Thinking-phase input rule (tarpo.routing.ROUTINGS, docs/algorithm.md §2-3). "
+        metadata={"help": "Thinking-phase input rule (tarpo.algorithms.ROUTINGS, docs/algorithm.md §2-3). "
                   + "; ".join(f"'{r.name}': {r.help}" for r in ROUTINGS.values()) + "."})
     entropy_threshold: float = field(
         default=0.5, metadata={"help": "Entropy (nats, of softmax(z/entropy_temperature)) above which 'entropy' "

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tarpo.engine.backbone import Backbone
-from tarpo.engine.tagging import token_piece_fn
+from tarpo.engine.tagging import token_text_fn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the real benchmark files (each with a SOURCE.md), beside the checkout; TARPO_DATA_DIR points elsewhere
@@ -172,9 +172,12 @@ def encode_prompts(tokenizer, texts):
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
-def decode_kwargs(tokenizer):
-    return dict(piece=token_piece_fn(tokenizer), eos_token_ids=[tokenizer.eos_token_id],
-                pad_token_id=tokenizer.pad_token_id)
+def policy_of(backbone, tokenizer, router=None, soft_module=None, token_text=None):
+    """The rollout's :class:`tarpo.engine.step.Policy` of a test tokenizer: its texts (or ``token_text``), EOS
+    and pad."""
+    from tarpo.engine.step import Policy
+    return Policy(backbone, token_text or token_text_fn(tokenizer), [tokenizer.eos_token_id],
+                  tokenizer.pad_token_id, router, soft_module)
 
 
 def stand_in_unsloth_decode(model, monkeypatch):

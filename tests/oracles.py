@@ -3,7 +3,7 @@
 :class:`TagTracker` follows the answer tag (``####``, or "```python" for code) over generated ids one token at
 a time, in Python: the reference of the tensor automaton :mod:`tarpo.engine.tag_automaton` that both rollout
 engines run (docs/algorithm.md §1). Each row keeps only the last ``len(tag) - 1`` characters of its text; a
-step appends the new token's text piece and looks for the tag in that short window, so a tag split over steps
+step appends the new token's text and looks for the tag in that short window, so a tag split over steps
 or inside one token is found.
 
     >>> t = TagTracker(["a", "##", "#", "####", "x"].__getitem__, "####", batch_size=1)
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 
 class TagTracker:
-    def __init__(self, piece: Callable[[int], str], tag: str, batch_size: int):
-        self.piece = piece
+    def __init__(self, token_text: Callable[[int], str], tag: str, batch_size: int):
+        self.token_text = token_text
         self.tag = tag
         self.keep = len(tag) - 1
         self.tails = [""] * batch_size
@@ -32,7 +32,7 @@ class TagTracker:
         for j, (r, tok) in enumerate(zip(rows, token_ids)):
             if not self.thinking[r]:
                 continue
-            window = self.tails[r] + self.piece(tok)
+            window = self.tails[r] + self.token_text(tok)
             if self.tag in window:
                 self.thinking[r] = False
                 done_now[j] = True

@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from helpers import BiasedBackbone, decode_kwargs, encode_prompts
+from helpers import BiasedBackbone, policy_of, encode_prompts
 from tarpo.config import TarpoConfig
-from tarpo.engine.latent import GaussianSoftTokens, HrpoGate
+from tarpo.engine.soft_input import GaussianSoftTokens, HrpoGate
 from tarpo.engine.mixture import build_inputs_embeds, normalised_full_mixture
 from tarpo.training.objective import LossSettings, tarpo_loss
-from tarpo.routing import ALGOS
+from tarpo.algorithms import ALGOS
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.sampling import filter_logits
 from tarpo.training.scoring import score_rollout, sequence_hidden
@@ -107,8 +107,8 @@ def test_loss_terms_of_the_latent_baselines_by_hand():
     assert tarpo.item() == pytest.approx(-(-2 - 3) * 2 / 3)  # the soft step's placeholder is out
     hrpo, _ = tarpo_loss(replace(settings, token_loss_on_soft=True), logp_tok=logp, **kw)
     assert hrpo.item() == pytest.approx(-(-1 - 2 - 3) * 2 / 3)  # the blended token was fed: in
-    latent = torch.tensor([[-10.0, 99.0, 99.0]])  # only the soft step's Gaussian term counts
-    soft_tokens, _ = tarpo_loss(settings, logp_tok=logp, logp_latent=latent, **kw)
+    log_density = torch.tensor([[-10.0, 99.0, 99.0]])  # only the soft step's Gaussian term counts
+    soft_tokens, _ = tarpo_loss(settings, logp_tok=logp, logp_soft_input=log_density, **kw)
     assert soft_tokens.item() == pytest.approx(-(-2 - 3 - 10) * 2 / 3)
 
 
@@ -119,36 +119,36 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
     bias[tokenizer.eos_token_id] = 3.0 if routing == "hrpo" else 1.5  # rows end at different steps (compaction)
     backbone = BiasedBackbone(model, bias)
     E = backbone.embed_weight
-    latent = (HrpoGate(model.config.hidden_size, a_range=(0.5, 0.6), mixture=mixture) if routing == "hrpo"
+    soft_module = (HrpoGate(model.config.hidden_size, a_range=(0.5, 0.6), mixture=mixture) if routing == "hrpo"
               else GaussianSoftTokens(E))
     enc = encode_prompts(tokenizer, ["what is 2+3?", "hi", "a longer prompt here"])
     spec = RolloutSpec(max_new_tokens=40, temperature=0.8, top_k=20 if routing == "hrpo" else 0, soft_top_k=5,
                        routing=routing)
-    out = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer),
-                          latent=latent)
+    out = hybrid_generate(policy_of(backbone, tokenizer, soft_module=soft_module), enc.input_ids, enc.attention_mask,
+                          spec)
     m = out.completion_mask
     assert out.is_soft.any() and (out.is_soft == out.decided).all()  # every thinking step is soft
     assert out.units.min() < out.units.max()
     with torch.no_grad():
         scores = score_rollout(backbone, None, None, out, temperature=0.8, chunk_size=7, use_router=False,
-                               with_reference=False, latent=latent)
+                               with_reference=False, soft_module=soft_module)
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     assert out.soft_inputs.shape[-1] == (0 if mixture == "top_k" else model.config.hidden_size)
     if mixture == "full":  # the recorded m is HRPO's (p . E) / |p|_2 of the top-20-filtered logits that step
         soft = m & out.is_soft
         with torch.no_grad():
-            logits = backbone.logits(sequence_hidden(backbone, out, latent)[soft]).float()
+            logits = backbone.logits(sequence_hidden(backbone, out, soft_module)[soft]).float()
         hand = normalised_full_mixture(filter_logits(logits, 0.8, top_k=20), E)
         torch.testing.assert_close(out.soft_inputs[soft], hand, atol=1e-4, rtol=1e-4)
     if routing == "soft_tokens":
         assert out.soft_inputs.shape[-1] == model.config.hidden_size
         soft = m & out.is_soft
-        assert scores.logp_latent is not None and (scores.logp_latent[~soft] == 0).all()
+        assert scores.logp_soft_input is not None and (scores.logp_soft_input[~soft] == 0).all()
         # On-policy the recorded input is mean + sigma * eps, so log N = -|eps|^2 / 2 - d log(sigma sqrt(2 pi))
         # with eps ~ N(0, I): |eps|^2 / d averages 1 over the soft steps.
         d = model.config.hidden_size
-        const = d * (math.log(latent.sigma) + 0.5 * math.log(2 * math.pi))
-        eps2 = -2 * (scores.logp_latent[soft] + const)
+        const = d * (math.log(soft_module.sigma) + 0.5 * math.log(2 * math.pi))
+        eps2 = -2 * (scores.logp_soft_input[soft] + const)
         assert soft.sum() >= 20 and abs(eps2.mean().item() / d - 1) < 0.15
 
 
@@ -180,7 +180,7 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     from safetensors.torch import save_file
 
     from tarpo.evaluation.sample import sample
-    from tarpo.engine.latent import HRPO_WEIGHTS
+    from tarpo.engine.soft_input import HRPO_WEIGHTS
     from tarpo.models.loading import load_gate
 
     args = make_args(tmp_path, routing="hrpo", max_steps=1)
@@ -220,8 +220,7 @@ def test_entropy_routing_thresholds_the_entropy_at_entropy_temperature(model, to
         spec = RolloutSpec(max_new_tokens=20, temperature=0.5, routing="entropy", entropy_threshold=2.5,
                            entropy_temperature=temp)
         assert RolloutSpec(max_new_tokens=1, routing="entropy").entropy_temperature == 1.0  # the default
-        outs[temp] = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec,
-                                     **decode_kwargs(tokenizer))
+        outs[temp] = hybrid_generate(policy_of(backbone, tokenizer), enc.input_ids, enc.attention_mask, spec)
     assert outs[1.0].decided.sum() >= 30 and torch.equal(outs[1.0].is_soft, outs[1.0].decided)
     assert outs[0.5].decided.any() and not outs[0.5].is_soft.any()
     assert (outs[0.5].entropy[outs[0.5].completion_mask] < 2.5).all()  # the logged entropy is still at T_s

@@ -14,7 +14,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from helpers import decode_kwargs, encode_prompts, stand_in_unsloth_decode
+from helpers import policy_of, encode_prompts, stand_in_unsloth_decode
 from tarpo.models.backends import UnslothBackbone, make_backbone
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
@@ -34,7 +34,7 @@ def rollout(backbone, model, tokenizer, steps=20):
     router = Router(model.config.hidden_size, bias=[0.0, 0.0])
     enc = encode_prompts(tokenizer, PROMPTS)
     spec = RolloutSpec(max_new_tokens=steps, temperature=0.8, soft_top_k=5, routing="learned")
-    return hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    return hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec)
 
 
 # --------------------------------------------------------------------- 1. backend marker

@@ -4,7 +4,7 @@ passing ``inputs_embeds`` on the transformers path: identical hidden states and 
 import torch
 from peft import LoraConfig, get_peft_model
 
-from helpers import HookedBackbone, decode_kwargs, encode_prompts
+from helpers import HookedBackbone, policy_of, encode_prompts
 from tarpo.engine.backbone import Backbone, positions_from_mask
 from tarpo.engine.mixture import build_inputs_embeds, soft_topk
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
@@ -38,7 +38,7 @@ def _rollout(backbone, model, tokenizer, peft=False):
     router = Router(model.config.hidden_size, bias=[0.0, 0.0])  # ~50% soft
     enc = encode_prompts(tokenizer, PROMPTS)
     spec = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, routing="learned")
-    return hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    return hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec)
 
 
 def test_hooked_rollout_equals_the_inputs_embeds_rollout(model, tokenizer):
@@ -70,15 +70,14 @@ def test_unsloth_backbone_session_logic_on_the_transformers_path(model, tokenize
         router = Router(model.config.hidden_size, bias=[0.0, 0.0])
         enc = encode_prompts(tokenizer, PROMPTS)
         spec = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, routing="learned")
-        got = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+        got = hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec)
         handle.remove()
         backbone.override.remove()
     torch.manual_seed(1)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0])
     plain = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, routing="learned",
                         compact_finished_rows=False)  # what fixed_batch implies
-    want = hybrid_generate(Backbone(model), router, enc.input_ids, enc.attention_mask, plain,
-                           **decode_kwargs(tokenizer))
+    want = hybrid_generate(policy_of(Backbone(model), tokenizer, router), enc.input_ids, enc.attention_mask, plain)
     assert got.is_soft.any()
     for name in ("token_ids", "completion_mask", "is_soft"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name

@@ -16,7 +16,7 @@ MAX_FUNCTION_LINES = 60  # a function's body, its docstring not counted, in the 
 SHORT_FUNCTIONS = ("engine", "training")
 # The layers, lowest first: a module imports from its own layer or a lower one, never a higher one.
 LAYERS = [
-    {"tarpo.config", "tarpo.routing", "tarpo.atomic_files", "tarpo.losses",  # settings, the routing and loss tables,
+    {"tarpo.config", "tarpo.algorithms", "tarpo.atomic_files", "tarpo.losses",  # settings, routing and loss tables,
      "tarpo.architectures"},                                             # the presets' architectures: no model code
     {"tarpo.engine", "tarpo.tasks"},                   # the rollout; data and grading
     {"tarpo.patches"},                                 # Unsloth's forward serving the engine
@@ -318,7 +318,7 @@ def test_the_readme_layout_table_is_the_tree():
 def test_each_routing_rule_and_mode_is_one_entry_that_the_rest_reads():
     from tarpo.config import TarpoConfig, default
     from tarpo.runs.presets import resolve
-    from tarpo.routing import ALGOS, MODES, ROUTINGS, inference_mode, routing_rule
+    from tarpo.algorithms import ALGOS, MODES, ROUTINGS, inference_mode, routing_rule
 
     assert set(MODES[r.eval_mode].routing for r in ROUTINGS.values()) <= set(ROUTINGS)
     assert all(m.routing in ROUTINGS for m in MODES.values())
@@ -363,7 +363,7 @@ def test_the_sampling_defaults_of_the_rollout_and_the_commands_are_the_configs()
 def test_the_three_launchers_share_one_body_that_lists_every_variable():
     """scripts/launch.sh names every variable, every ALGO and MODEL preset, and the first words of the misspelling
     rule; its comments say what a variable takes, never its default, which DRY_RUN=1 prints (the presets)."""
-    from tarpo.routing import ALGOS
+    from tarpo.algorithms import ALGOS
     from tarpo.runs.presets import FAMILIES, MODELS, SETTINGS, VARIABLES
 
     body = open(os.path.join(ROOT, "scripts", "launch.sh")).read()
@@ -387,7 +387,7 @@ def test_the_three_launchers_share_one_body_that_lists_every_variable():
 OWNERS = {  # a name defined (a function, class or method, or assigned at a module's top level) -> its one module
     "engine_for": "tarpo/engine/engine_choice.py", "check_engine": "tarpo/engine/engine_choice.py",
     "cache_length": "tarpo/engine/static_decode.py", "CACHE_BUCKET": "tarpo/engine/static_decode.py",
-    "full_mixture": "tarpo/routing.py", "SAMPLES": "tarpo/routing.py", "sampling_problem": "tarpo/config.py",
+    "full_mixture": "tarpo/algorithms.py", "SAMPLES": "tarpo/algorithms.py", "sampling_problem": "tarpo/config.py",
     "ENGINES": "tarpo/config.py", "BACKENDS": "tarpo/models/loading.py", "DTYPES": "tarpo/models/loading.py",
     "ARCHITECTURES": "tarpo/architectures.py",
 }

@@ -92,7 +92,7 @@ ROLLOUT_CASES = [(512, 8, 128, 48), (65536, 16, 8, 8)]
 
 @pytest.mark.parametrize("case", ROLLOUT_CASES, ids=["prefill", "decode-step"])
 def test_eager_rollout_matches_a_measured_peak(case):
-    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
+    from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
     from tarpo.engine.router import Router
 
     vocab, B, P, T = case
@@ -104,7 +104,7 @@ def test_eager_rollout_matches_a_measured_peak(case):
     mode = LiveStorage()
     backbone = Backbone(model)
     with mode, mixed_precision(backbone):  # as the trainer rolls out
-        out = hybrid_generate(backbone, Router(128, bias=[0.0, 0.0]), ids, mask, spec, lambda i: "x", [], 0,
+        out = hybrid_generate(Policy(backbone, lambda i: "x", [], 0, Router(128, bias=[0.0, 0.0])), ids, mask, spec,
                               noise_seed=1)
     assert out.token_ids.shape == (B, T)
     run = mp.Run(rows=B, prompt=P, completion=T, engine="eager")
@@ -121,13 +121,13 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
     B x bucketed length x layers x K, V."""
     from tarpo.engine import functional_decoder as fd
     from tarpo.engine.backbone import positions_from_mask
-    from tarpo.engine.static_decode import StaticDecoder
+    from tarpo.engine.static_decode import DecodeBuffers
 
     model = tiny("llama", 64, 160, 3, 4, 2, 300).to(torch.bfloat16)
     run = mp.Run(rows=4, prompt=40, completion=50, engine="compiled")
     assert mp.cache_positions(run) == 128  # 90 rounded up to the bucket of 64
     backbone, weights = Backbone(model), fd.decoder_weights(model)
-    cache = StaticDecoder(backbone, weights, 4, 50, mp.cache_positions(run), 4, False, 0, "cpu").cache
+    cache = DecodeBuffers(backbone, weights, 4, 50, mp.cache_positions(run), 4, False, 0, "cpu").cache
     mask = torch.ones(4, 40, dtype=torch.long)
     with torch.no_grad():
         fd.forward(weights, backbone.embed_weight[torch.randint(3, 300, (4, 40))], positions_from_mask(mask), cache,

@@ -72,10 +72,10 @@ def one_step(tokenizer, tmp_path, monkeypatch, routing, shape, reward=letter_rew
     rollouts, rewards, micro = [], [], []
     generate, score, loss_fn = trainer_module.hybrid_generate, trainer_module.score_rollout, trainer_module.tarpo_loss
 
-    def recording_generate(backbone, *args, **kwargs):
+    def recording_generate(policy, *args, **kwargs):
         bias = torch.zeros(len(tokenizer))
         bias[tokenizer.eos_token_id] = EOS_BIAS  # the rollout only: lengths that differ
-        out = generate(BiasedBackbone(backbone.model, bias), *args, **kwargs)
+        out = generate(policy._replace(backbone=BiasedBackbone(policy.backbone.model, bias)), *args, **kwargs)
         rollouts.append(out)
         return out
 

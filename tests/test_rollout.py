@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from helpers import BiasedBackbone, ScriptedBackbone, decode_kwargs, encode_prompts
+from helpers import BiasedBackbone, ScriptedBackbone, policy_of, encode_prompts
 from tarpo.engine.backbone import Backbone
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
@@ -16,7 +16,7 @@ def test_hard_routing_reproduces_generate(model, tokenizer, top_k, top_p):
     spec = RolloutSpec(max_new_tokens=48, temperature=0.7, top_k=top_k, top_p=top_p, routing="hard",
                        compact_finished_rows=False)
     torch.manual_seed(3)
-    ours = hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    ours = hybrid_generate(policy_of(Backbone(model), tokenizer), enc.input_ids, enc.attention_mask, spec)
     torch.manual_seed(3)
     ref = model.generate(**enc, do_sample=True, temperature=0.7, top_k=top_k, top_p=top_p, max_new_tokens=48,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -36,7 +36,7 @@ def _mixed_rollout(model, tokenizer, compact, eos_bias=0.0):
     enc = encode_prompts(tokenizer, PROMPTS)
     spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, routing="learned",
                        answer_tag="####", compact_finished_rows=compact)
-    out = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    out = hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec)
     return backbone, router, out
 
 
@@ -52,7 +52,7 @@ def test_cached_decode_equals_full_forward_with_padding_and_mixed_rows(model, to
     Router(model.config.hidden_size, bias=[0.0, 0.0])
     enc = encode_prompts(tokenizer, PROMPTS)
     spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, compact_finished_rows=False)
-    again = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    again = hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec)
     backbone.logits = orig
     assert torch.equal(again.token_ids, out.token_ids)
     with torch.no_grad():
@@ -89,7 +89,7 @@ def test_tag_and_eos_state_machine(model, tokenizer):
     backbone = ScriptedBackbone(model, script, model.config.vocab_size)
     enc = encode_prompts(tokenizer, ["q1", "q2", "q3"])
     spec = RolloutSpec(max_new_tokens=30, routing="soft", soft_top_k=3, compact_finished_rows=False)
-    out = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    out = hybrid_generate(policy_of(backbone, tokenizer), enc.input_ids, enc.attention_mask, spec)
     for r, seq in enumerate(script):
         n = len(seq)
         assert out.token_ids[r, :n].tolist() == seq
@@ -110,20 +110,20 @@ def test_length_limit_truncates_without_eos(model, tokenizer):
     script = [tokenizer("abcdefgh", add_special_tokens=False)["input_ids"]]
     backbone = ScriptedBackbone(model, script, model.config.vocab_size)
     spec = RolloutSpec(max_new_tokens=5, routing="soft", compact_finished_rows=False)
-    out = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    out = hybrid_generate(policy_of(backbone, tokenizer), enc.input_ids, enc.attention_mask, spec)
     assert out.units.tolist() == [5] and not out.ended_with_eos.any()
     assert out.decided[0].tolist() == [True] * 4 + [False]  # the last step feeds nothing
 
 
 def test_entropy_routing_rule(model, tokenizer):
     enc = encode_prompts(tokenizer, PROMPTS)
-    hard = hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask,
-                           RolloutSpec(max_new_tokens=30, temperature=0.5, routing="hard"), **decode_kwargs(tokenizer))
+    hard = hybrid_generate(policy_of(Backbone(model), tokenizer), enc.input_ids, enc.attention_mask,
+                           RolloutSpec(max_new_tokens=30, temperature=0.5, routing="hard"))
     threshold = hard.entropy[hard.decided].median().item()
     # entropy_temperature = T_s: the recorded entropy (of softmax(z / T_s)) is the one thresholded
     spec = RolloutSpec(max_new_tokens=30, temperature=0.5, routing="entropy", entropy_threshold=threshold,
                        entropy_temperature=0.5)
-    out = hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    out = hybrid_generate(policy_of(Backbone(model), tokenizer), enc.input_ids, enc.attention_mask, spec)
     assert torch.equal(out.is_soft, out.decided & (out.entropy > threshold))
     assert out.is_soft.any() and (out.decided & ~out.is_soft).any()
 
@@ -133,7 +133,7 @@ def test_learned_routing_soft_share_follows_router_bias(model, tokenizer):
     torch.manual_seed(2)
     router = Router(model.config.hidden_size, bias=[2.2, 0.0], init_std=0.0)  # rho(soft) = 1/(1+e^2.2)
     spec = RolloutSpec(max_new_tokens=40, routing="learned")
-    out = hybrid_generate(Backbone(model), router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer))
+    out = hybrid_generate(policy_of(Backbone(model), tokenizer, router), enc.input_ids, enc.attention_mask, spec)
     expected = 1 / (1 + torch.exp(torch.tensor(2.2)))
     torch.testing.assert_close(out.p_soft[out.decided], expected.expand(int(out.decided.sum())))
     share = out.is_soft[out.decided].float().mean()
@@ -149,20 +149,21 @@ def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokeni
     other step reads anything on the host, draws keyed noise with a Python step number sent to the
     device, nor asks whether the padding mask could be skipped."""
     from syncs import per_decode_step
-    from tarpo.engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
+    from tarpo.engine.soft_input import GaussianSoftTokens, GumbelTopK, HrpoGate
     from tarpo.engine.records import DONE_CHECK_EVERY
 
     bias = torch.zeros(model.config.vocab_size)
     bias[tokenizer.eos_token_id] = 1.0  # rows end at different steps, some between two checks
     backbone = BiasedBackbone(model, bias)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0])
-    latent = {"hrpo": lambda: HrpoGate(model.config.hidden_size), "learned_gumbel": lambda: GumbelTopK(0.5),
+    soft_module = {"hrpo": lambda: HrpoGate(model.config.hidden_size), "learned_gumbel": lambda: GumbelTopK(0.5),
               "soft_tokens": lambda: GaussianSoftTokens(backbone.embed_weight)}.get(routing, lambda: None)()
     spec = RolloutSpec(max_new_tokens=3 * DONE_CHECK_EVERY + 5, temperature=0.8, soft_top_k=5, routing=routing)
     kw = {"noise_seed": 7} if keyed else {"generator": torch.Generator().manual_seed(7)}
     enc = encode_prompts(tokenizer, PROMPTS)
-    per_step, out, counter = per_decode_step(lambda: hybrid_generate(
-        backbone, router, enc.input_ids, enc.attention_mask, spec, latent=latent, **decode_kwargs(tokenizer), **kw))
+    policy = policy_of(backbone, tokenizer, router, soft_module)
+    per_step, out, counter = per_decode_step(lambda: hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec,
+                                                                     **kw))
     checks = [t for t in range(len(per_step)) if (t + 1) % DONE_CHECK_EVERY == 0]
     assert per_step == [int(t in checks) for t in range(len(per_step))], counter.report()
     assert checks and out.ended_with_eos.any() and out.is_soft.any()
@@ -197,8 +198,8 @@ def test_on_a_gpu_no_decode_step_between_end_checks_syncs(tokenizer, monkeypatch
     spec = RolloutSpec(max_new_tokens=2 * DONE_CHECK_EVERY + 3, temperature=0.8, soft_top_k=5, routing="learned")
     router = Router(model.config.hidden_size, bias=[0.0, 0.0]).cuda()
     try:
-        out = hybrid_generate(Backbone(model), router, enc.input_ids, enc.attention_mask, spec, noise_seed=3,
-                              **decode_kwargs(tokenizer))
+        out = hybrid_generate(policy_of(Backbone(model), tokenizer, router), enc.input_ids, enc.attention_mask, spec,
+                              noise_seed=3)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.completion_mask.any()

@@ -20,7 +20,7 @@ import torch
 import transformers.integrations.sdpa_attention as sdpa_attention
 from transformers.cache_utils import DynamicLayer
 
-from helpers import decode_kwargs, encode_prompts, stand_in_unsloth_decode
+from helpers import policy_of, encode_prompts, stand_in_unsloth_decode
 from tarpo.engine import rollout as rollout_module
 from tarpo.engine.backbone import Backbone
 from tarpo.models.backends import UNSLOTH_DECODE_BUFFERS, make_backbone
@@ -52,8 +52,8 @@ def decode(backbone, model, tokenizer, steps=8, routing="learned", seed=0):
     router = Router(model.config.hidden_size, bias=[0.0, 0.0])
     enc = encode_prompts(tokenizer, PROMPTS)
     spec = RolloutSpec(max_new_tokens=steps, temperature=0.8, soft_top_k=5, routing=routing, engine="eager")
-    return hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, noise_seed=seed,
-                           **decode_kwargs(tokenizer))
+    return hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec,
+                           noise_seed=seed)
 
 
 class Boom(RuntimeError):

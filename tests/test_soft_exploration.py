@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from helpers import BiasedBackbone, decode_kwargs, encode_prompts
-from tarpo.engine.latent import GumbelTopK
+from helpers import BiasedBackbone, policy_of, encode_prompts
+from tarpo.engine.soft_input import GumbelTopK
 from tarpo.engine.mixture import soft_topk
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
@@ -64,8 +64,8 @@ def test_a_gumbel_rollout_is_rebuilt_exactly_in_training_and_its_draw_is_scored(
     gumbel = GumbelTopK(0.5)
     enc = encode_prompts(tokenizer, ["what is 2+3?", "hi", "a longer prompt here"])
     spec = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, routing="learned_gumbel")
-    out = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tokenizer),
-                          latent=gumbel, noise_seed=5, row_ids=torch.arange(3))
+    out = hybrid_generate(policy_of(backbone, tokenizer, router, gumbel), enc.input_ids, enc.attention_mask, spec,
+                          noise_seed=5, row_ids=torch.arange(3))
     m, soft = out.completion_mask, out.completion_mask & out.is_soft
     assert soft.sum() >= 10 and (m & out.decided & ~out.is_soft).any()
     # the weights are a draw, not the plain top-k softmax of the step's logits
@@ -83,11 +83,11 @@ def test_a_gumbel_rollout_is_rebuilt_exactly_in_training_and_its_draw_is_scored(
     # training: the recorded ids and weights give the inputs the rollout fed, so the token log-probs agree
     with torch.no_grad():
         scores = score_rollout(backbone, router, None, out, temperature=0.8, chunk_size=7, use_router=True,
-                               with_reference=False, latent=gumbel)
+                               with_reference=False, soft_module=gumbel)
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     hand = gumbel.log_density(logits.gather(-1, ids), out.soft_weights[soft])
-    torch.testing.assert_close(scores.logp_latent[soft], hand, atol=1e-3, rtol=1e-4)
-    assert (scores.logp_latent[~soft] == 0).all()
+    torch.testing.assert_close(scores.logp_soft_input[soft], hand, atol=1e-3, rtol=1e-4)
+    assert (scores.logp_soft_input[~soft] == 0).all()
 
 
 def test_entropy_routing_goes_soft_below_the_threshold_when_asked(model, tokenizer):
@@ -99,13 +99,12 @@ def test_entropy_routing_goes_soft_below_the_threshold_when_asked(model, tokeniz
     for side in ("high", "low", "high"):
         if threshold is None:  # a first pass to read the first step's entropies
             spec = RolloutSpec(max_new_tokens=1, temperature=0.8, routing="hard")
-            first = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec,
-                                    **decode_kwargs(tokenizer)).entropy[:, 0]
+            first = hybrid_generate(policy_of(backbone, tokenizer), enc.input_ids, enc.attention_mask,
+                                    spec).entropy[:, 0]
             threshold = first.median().item() + 1e-4  # between two of the six values
         spec = RolloutSpec(max_new_tokens=2, temperature=0.8, routing="entropy", entropy_soft_when=side,
                            entropy_threshold=threshold, entropy_temperature=0.8)
-        outs[side] = hybrid_generate(backbone, None, enc.input_ids, enc.attention_mask, spec,
-                                     **decode_kwargs(tokenizer))
+        outs[side] = hybrid_generate(policy_of(backbone, tokenizer), enc.input_ids, enc.attention_mask, spec)
     assert outs["high"].decided[:, 0].all() and outs["low"].decided[:, 0].all()
     assert torch.equal(outs["high"].is_soft[:, 0], first > threshold)
     assert torch.equal(outs["low"].is_soft[:, 0], first < threshold)

@@ -9,16 +9,16 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from helpers import BiasedBackbone, encode_prompts
+from helpers import BiasedBackbone, encode_prompts, policy_of
 from tarpo.engine.backbone import Backbone
-from tarpo.engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
+from tarpo.engine.soft_input import GaussianSoftTokens, GumbelTopK, HrpoGate
 from tarpo.engine.mixture import topk_mixture
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
 from tarpo.engine.sampling import STREAM_TOKEN, gumbel_argmax, row_keys, step_normals, step_uniforms
 from tarpo.training.scoring import score_rollout
 from tarpo.engine.grouped_attention import grouped_decode_attention
-from tarpo.engine.tagging import token_piece_fn
+from tarpo.engine.tagging import token_text_fn
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt, with padding", "x"]
 EXACT = ("token_ids", "completion_mask", "is_soft", "decided", "soft_ids", "ended_with_eos")
@@ -26,43 +26,42 @@ CLOSE = ("soft_weights", "p_soft", "entropy", "logp", "soft_inputs")
 
 
 def tag_world(tokenizer, model):
-    """A piece function where "x" reads "x####y" (the tag inside a token), and logit biases that
+    """A token_text function where "x" reads "x####y" (the tag inside a token), and logit biases that
     make "#", "##", "x" and EOS likely: tags split over steps, whole, inside a token; rows end
     at different steps."""
-    base = token_piece_fn(tokenizer)
+    base = token_text_fn(tokenizer)
     x = tokenizer.convert_tokens_to_ids("x")
 
-    def piece(tok):
+    def token_text(tok):
         return "x####y" if tok == x else base(tok)
 
     bias = torch.zeros(model.config.vocab_size)
     for tok, b in (("#", 2.5), ("##", 1.5), ("x", 0.5), (tokenizer.eos_token, 1.2)):
         bias[tokenizer.convert_tokens_to_ids(tok)] = b
-    return piece, bias
+    return token_text, bias
 
 
 def run_both(model, tokenizer, routing, seed=0, **spec_kw):
-    piece, bias = tag_world(tokenizer, model)
+    token_text, bias = tag_world(tokenizer, model)
     backbone = BiasedBackbone(model, bias)
     torch.manual_seed(seed)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
-    latent = None
+    soft_module = None
     if routing == "hrpo":
-        latent = HrpoGate(model.config.hidden_size, mixture=spec_kw.pop("mixture", "full"), a_range=(0.5, 0.6))
+        soft_module = HrpoGate(model.config.hidden_size, mixture=spec_kw.pop("mixture", "full"), a_range=(0.5, 0.6))
     elif routing == "soft_tokens":
-        latent = GaussianSoftTokens(backbone.embed_weight)
+        soft_module = GaussianSoftTokens(backbone.embed_weight)
     elif routing == "learned_gumbel":
-        latent = GumbelTopK(0.5)
+        soft_module = GumbelTopK(0.5)
     enc = encode_prompts(tokenizer, PROMPTS)
     out = {}
     for engine in ("eager", "compiled"):
         spec = RolloutSpec(max_new_tokens=spec_kw.pop("max_new_tokens", 40) if engine == "eager" else out["T"],
                            temperature=0.8, soft_top_k=5, routing=routing, engine=engine, **spec_kw)
         out["T"] = spec.max_new_tokens
-        out[engine] = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, piece,
-                                      [tokenizer.eos_token_id], tokenizer.pad_token_id, latent=latent,
-                                      noise_seed=seed + 11)
-    return backbone, router, latent, out["eager"], out["compiled"]
+        policy = policy_of(backbone, tokenizer, router, soft_module, token_text)
+        out[engine] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=seed + 11)
+    return backbone, router, soft_module, out["eager"], out["compiled"]
 
 
 def assert_same(eager, compiled):
@@ -90,7 +89,7 @@ INDUCTOR_IDS = {f"test_compiled_engine_draws_the_eager_trajectory_given_the_same
 
 @pytest.mark.parametrize("routing,kw", ROUTINGS, ids=[f"{r}-{'-'.join(k) or 'default'}" for r, k in ROUTINGS])
 def test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise(model, tokenizer, routing, kw):
-    backbone, router, latent, eager, compiled = run_both(model, tokenizer, routing, **kw)
+    backbone, router, soft_module, eager, compiled = run_both(model, tokenizer, routing, **kw)
     assert_same(eager, compiled)
     units = eager.units
     if not kw.get("greedy"):
@@ -103,11 +102,11 @@ def test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise(model, 
 
 @pytest.mark.parametrize("routing", ["learned", "hrpo", "soft_tokens"])
 def test_training_forward_rebuilds_the_compiled_rollout(model, tokenizer, routing):
-    backbone, router, latent, _, compiled = run_both(model, tokenizer, routing)
+    backbone, router, soft_module, _, compiled = run_both(model, tokenizer, routing)
     assert compiled.is_soft.any()
     with torch.no_grad():
         scores = score_rollout(backbone, router, None, compiled, temperature=0.8, chunk_size=7,
-                               use_router=routing == "learned", with_reference=False, latent=latent)
+                               use_router=routing == "learned", with_reference=False, soft_module=soft_module)
     m = compiled.completion_mask
     torch.testing.assert_close(scores.logp_tok[m], compiled.logp[m], atol=1e-4, rtol=0)
     if routing == "learned":
@@ -125,15 +124,15 @@ def test_compiled_step_has_no_graph_break_and_is_reused(model, tokenizer):
     graphs = counters["stats"]["unique_graphs"]
     # a second rollout of the same shape (another prompt length in the same cache bucket, another seed)
     # reuses the graph, and the engine's cache and buffers, reset
-    piece, bias = tag_world(tokenizer, model)
+    token_text, bias = tag_world(tokenizer, model)
     enc = encode_prompts(tokenizer, ["another prompt, 27 chars...", "q", "and one more", "?"])
     assert enc.input_ids.shape[1] != eager.prompt_ids.shape[1]
     router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
     out = {}
     for engine in ("compiled", "eager"):
         spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, engine=engine)
-        out[engine] = hybrid_generate(BiasedBackbone(model, bias), router, enc.input_ids, enc.attention_mask, spec,
-                                      piece, [tokenizer.eos_token_id], tokenizer.pad_token_id, noise_seed=3)
+        policy = policy_of(BiasedBackbone(model, bias), tokenizer, router, token_text=token_text)
+        out[engine] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=3)
     assert counters["stats"]["unique_graphs"] == graphs
     assert_same(out["eager"], out["compiled"])
 
@@ -158,8 +157,7 @@ def test_the_compiled_engine_decodes_a_backbone_with_its_own_decode_path(model, 
     out = {}
     for engine in ("eager", "compiled"):
         spec = RolloutSpec(max_new_tokens=20, temperature=0.8, soft_top_k=5, engine=engine)
-        out[engine] = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec,
-                                      token_piece_fn(tokenizer), [tokenizer.eos_token_id], tokenizer.pad_token_id,
+        out[engine] = hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec,
                                       noise_seed=5)
     assert out["eager"].is_soft.any()
     assert_same(out["eager"], out["compiled"])
@@ -265,14 +263,14 @@ def test_the_rollouts_cache_and_buffers_are_released_when_it_returns(model, toke
     import gc
     import weakref
 
-    from tarpo.engine.static_decode import StaticDecoder
+    from tarpo.engine.static_decode import DecodeBuffers
 
-    made, init = [], StaticDecoder.__init__
+    made, init = [], DecodeBuffers.__init__
 
     def tracked(self, *args, **kwargs):
         init(self, *args, **kwargs)
         made.append([*(weakref.ref(t) for kv in self.cache for t in kv), *(weakref.ref(b) for b in self.rec.values())])
-    monkeypatch.setattr(StaticDecoder, "__init__", tracked)
+    monkeypatch.setattr(DecodeBuffers, "__init__", tracked)
     run_both(model, tokenizer, "learned", seed=6)
     gc.collect()
     assert made and all(ref() is None for refs in made for ref in refs), "the rollout's cache is still held"
@@ -283,7 +281,7 @@ def test_one_graph_serves_every_prompt_length_and_smaller_batch_of_a_run(model, 
     smaller batch (padded with rows that never run) reuse it, and draw what the eager engine draws."""
     torch._dynamo.reset()
     counters.clear()
-    piece, bias = tag_world(tokenizer, model)
+    token_text, bias = tag_world(tokenizer, model)
     backbone = BiasedBackbone(model, bias)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
     batches = [PROMPTS, ["q", "a much longer prompt than any other here, by far", "z"], ["hi", "x"]]
@@ -293,8 +291,8 @@ def test_one_graph_serves_every_prompt_length_and_smaller_batch_of_a_run(model, 
         for engine in ("eager", "compiled"):
             spec = RolloutSpec(max_new_tokens=30, temperature=0.8, soft_top_k=5, engine=engine,
                                max_prompt_length=64, batch_size=5)
-            out[engine] = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, piece,
-                                          [tokenizer.eos_token_id], tokenizer.pad_token_id, noise_seed=20 + i)
+            policy = policy_of(backbone, tokenizer, router, token_text=token_text)
+            out[engine] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=20 + i)
         assert out["compiled"].token_ids.shape[0] == len(prompts)
         assert_same(out["eager"], out["compiled"])
     assert counters["stats"]["unique_graphs"] == 1
@@ -305,8 +303,7 @@ def test_the_compiled_engine_refuses_prompts_or_batches_beyond_the_runs_shape(mo
     for kw, match in (({"max_prompt_length": 8}, "max_prompt_length=8"), ({"batch_size": 2}, "batch_size=2")):
         spec = RolloutSpec(max_new_tokens=4, engine="compiled", routing="hard", **kw)
         with pytest.raises(ValueError, match=match):
-            hybrid_generate(Backbone(model), None, enc.input_ids, enc.attention_mask, spec,
-                            token_piece_fn(tokenizer), [tokenizer.eos_token_id], tokenizer.pad_token_id)
+            hybrid_generate(policy_of(Backbone(model), tokenizer), enc.input_ids, enc.attention_mask, spec)
 
 
 class FakeCuda:

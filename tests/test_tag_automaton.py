@@ -8,23 +8,23 @@ import torch
 
 from oracles import TagTracker
 from tarpo.engine.tag_automaton import build, step
-from tarpo.engine.tagging import token_piece_fn
+from tarpo.engine.tagging import token_text_fn
 from tarpo.models.tiny import bpe_tokenizer, char_tokenizer
 
 TAGS = ["####", "```python"]
 
 
 def tokenizer_pieces(tokenizer, vocab_size: int | None = None) -> list[str]:
-    """Each id's text as the engine reads it (``token_piece_fn``); ids from ``len(tokenizer)`` up to
+    """Each id's text as the engine reads it (``token_text_fn``); ids from ``len(tokenizer)`` up to
     ``vocab_size`` (a model's padded vocabulary) get "" (what :func:`tarpo.engine.tag_automaton.tables` builds
     from)."""
-    piece = token_piece_fn(tokenizer)
+    token_text = token_text_fn(tokenizer)
     n = len(tokenizer)
-    return [piece(i) if i < n else "" for i in range(max(n, vocab_size or 0))]
+    return [token_text(i) if i < n else "" for i in range(max(n, vocab_size or 0))]
 
 
 def reference(pieces, tag):
-    """Character-level truth: from state s the text is tag[:s] + piece."""
+    """Character-level truth: from state s the text is tag[:s] + token_text."""
     m = len(tag)
     nxt, hit = [], []
     for s in range(m):
@@ -85,7 +85,7 @@ def test_hand_cases():
     assert hand(["a####b", "a"]) == [False, False]                                    # inside one token
     assert hand(["a", "#####"]) == [True, False]                                      # longer run
     assert hand(["#", " ", "##", "#"]) == [True, True, True, True]                    # "# ###" no tag
-    assert hand(["###", "", "#"]) == [True, True, False]                              # empty piece
+    assert hand(["###", "", "#"]) == [True, True, False]                              # empty text
     assert hand(["##", "###"]) == [True, False]                                       # overlap
     assert hand(["``", "```", "py", "thon"], "```python") == [True, True, True, False]
     assert hand(["```", "py", "```", "`python"], "```python") == [True, True, True, False]
@@ -108,7 +108,7 @@ def real_tokenizer(request):
 @pytest.mark.parametrize("tag", TAGS)
 def test_random_streams_match_tag_tracker(real_tokenizer, tag):
     """300 streams of 50 tokens, biased towards the tag's characters, tag fragments (at times
-    with an empty piece inside) and empty pieces; same thinking flags at every step."""
+    with an empty text inside) and empty pieces; same thinking flags at every step."""
     tok = real_tokenizer
     pieces = tokenizer_pieces(tok, vocab_size=len(tok) + 3)           # padded ids -> ""
     rng = random.Random(TAGS.index(tag) * 1000 + len(pieces))

@@ -2,7 +2,7 @@
 pieces it reads."""
 
 from oracles import TagTracker
-from tarpo.engine.tagging import token_piece_fn
+from tarpo.engine.tagging import token_text_fn
 
 PIECES = ["a", "#", "##", "###", "####", " ", "b####c", "\n"]
 
@@ -37,9 +37,9 @@ def test_rows_are_independent_and_later_tokens_ignored():
 
 
 def test_real_tokenizer_pieces(tokenizer):
-    piece = token_piece_fn(tokenizer)
+    token_text = token_text_fn(tokenizer)
     ids = tokenizer("x ## ## #", add_special_tokens=False)["input_ids"] + \
         tokenizer("###", add_special_tokens=False)["input_ids"]
-    t = TagTracker(piece, "####", 1)
+    t = TagTracker(token_text, "####", 1)
     done = [t.update([0], [i])[0] for i in ids]
     assert done.count(True) == 1 and done[-1] is True

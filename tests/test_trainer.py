@@ -189,9 +189,9 @@ def test_a_training_run_compiles_one_decode_graph_whatever_its_prompt_lengths(to
     seen = []
     original = trainer_module.hybrid_generate
 
-    def recording(backbone, router, prompt_ids, prompt_mask, *args, **kwargs):
+    def recording(policy, prompt_ids, prompt_mask, *args, **kwargs):
         seen.append(int(prompt_mask.sum(-1).max()))
-        return original(backbone, router, prompt_ids, prompt_mask, *args, **kwargs)
+        return original(policy, prompt_ids, prompt_mask, *args, **kwargs)
     monkeypatch.setattr(trainer_module, "hybrid_generate", recording)
     trainer.train()
     assert sorted(seen) == lengths, "each step should decode another prompt length"
@@ -214,9 +214,9 @@ def test_engine_auto_on_the_cpu_times_the_first_rollout_then_picks_by_cost(token
                            train_dataset=make_dataset(), processing_class=tokenizer)
     engines, original = [], trainer_module.hybrid_generate
 
-    def recording(backbone, router, prompt_ids, prompt_mask, spec, *args, **kwargs):
+    def recording(policy, prompt_ids, prompt_mask, spec, *args, **kwargs):
         engines.append(spec.engine)
-        return original(backbone, router, prompt_ids, prompt_mask, spec, *args, **kwargs)
+        return original(policy, prompt_ids, prompt_mask, spec, *args, **kwargs)
     monkeypatch.setattr(trainer_module, "hybrid_generate", recording)
     from types import SimpleNamespace
     clock = iter(range(0, 10**6))  # each rollout takes 8 * eager_step_s seconds
@@ -230,16 +230,17 @@ def test_engine_auto_on_the_cpu_times_the_first_rollout_then_picks_by_cost(token
 
 
 def test_engine_choice_on_the_cpu_weighs_the_compile_against_the_decode_time_it_saves():
-    from tarpo.engine.engine_choice import COMPILE_BASE_S, COMPILE_PER_LAYER_S, COMPILED_SPEEDUP, RunEngine, cpu_choice
+    from tarpo.engine.engine_choice import (COMPILE_BASE_S, COMPILE_PER_LAYER_S, COMPILED_SPEEDUP, EngineChooser,
+                                            cpu_choice)
 
     compile_s = COMPILE_BASE_S + 4 * COMPILE_PER_LAYER_S
     breakeven = compile_s / (1 - 1 / COMPILED_SPEEDUP) / 0.01  # decode steps of 10 ms that repay the compile
     assert cpu_choice(4, int(breakeven * 0.99), 0.01)[0] == "eager"
     assert cpu_choice(4, int(breakeven * 1.01) + 1, 0.01)[0] == "compiled"
-    chosen = RunEngine("auto", layers=4)
+    chosen = EngineChooser("auto", layers=4)
     assert chosen.next(cuda=True) == "compiled" and chosen.decision["why"] == "CUDA"  # whichever backend
-    assert RunEngine("eager", 4).next(cuda=True) == "eager"
-    cpu = RunEngine("auto", 4)
+    assert EngineChooser("eager", 4).next(cuda=True) == "eager"
+    cpu = EngineChooser("auto", 4)
     assert cpu.next(cuda=False) == "eager" and cpu.decision is None
     assert cpu.observed(seconds=1.0, decode_steps=100, steps_ahead=10**7)["engine"] == "compiled"
     assert cpu.next(cuda=False) == "compiled"

@@ -17,7 +17,7 @@ import os
 from ..config import add_flags
 from ..evaluation.case_study import case_study
 from ..atomic_files import write_text_atomic
-from ..routing import MODES
+from ..algorithms import MODES
 from ..tasks.registry import TASKS
 
 

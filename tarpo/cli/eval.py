@@ -13,7 +13,7 @@ Running the same command again continues where it stopped; changed settings refu
 mix with an old file unless ``--restart``. For ``math`` the MATH-500 subset is reported
 from the same run when the MATH-500 ids can be loaded.
 
-Modes (docs/algorithm.md §3/§7): the table :data:`tarpo.routing.MODES` (``--help`` lists them).
+Modes (docs/algorithm.md §3/§7): the table :data:`tarpo.algorithms.MODES` (``--help`` lists them).
 Sampling defaults: TarpoConfig's (``--help`` prints them), router sampling, lengths per task from
 docs/algorithm.md §5.
 
@@ -36,7 +36,7 @@ from ..engine.engine_choice import engine_for
 from ..evaluation.pipeline import evaluate
 from ..evaluation.system import check_system
 from ..models.loading import BACKENDS, DTYPES, resolve_backend
-from ..routing import MODES, SAMPLES
+from ..algorithms import MODES, SAMPLES
 from ..tasks.registry import TASKS
 
 # the sampling settings of tarpo eval: flags of the TarpoConfig fields of the same names

@@ -1,5 +1,5 @@
 """The rollout engine: ``eager``, ``compiled``, or ``auto``, the one whose cost the run's work repays
-(docs/rollout-engines.md). :func:`engine_for` is the rule every caller uses; :class:`RunEngine` applies it
+(docs/rollout-engines.md). :func:`engine_for` is the rule every caller uses; :class:`EngineChooser` applies it
 to a training run, deciding on the CPU by cost.
 
 - **CUDA**: the compiled step, whichever backend loaded the model (it decodes the model's own tensors,
@@ -47,7 +47,7 @@ def check_engine(engine: str, setting: str = "rollout_engine") -> str:
 def engine_for(engine: str, cuda: bool, setting: str = "rollout_engine") -> str:
     """The engine of a rollout on a GPU (``cuda``) or the CPU; a name that is no engine is refused, naming
     ``setting``. ``auto`` is the compiled engine on a GPU, the eager loop on the CPU (where a training run
-    may still switch after timing its first rollout: :class:`RunEngine`).
+    may still switch after timing its first rollout: :class:`EngineChooser`).
 
         >>> engine_for("auto", cuda=True), engine_for("auto", cuda=False), engine_for("eager", cuda=True)
         ('compiled', 'eager', 'eager')
@@ -63,7 +63,7 @@ def decoder_layers(model) -> int:
     return int(getattr(config, "num_hidden_layers", 0) or 0)
 
 
-class RunEngine:
+class EngineChooser:
     """The engine of each rollout of a training run with ``rollout_engine`` (``auto`` decides by cost).
 
     On the CPU the first rollout runs eagerly and is timed; the engine of the remaining ones is then

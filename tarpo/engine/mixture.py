@@ -5,7 +5,7 @@ A hard step feeds the sampled token's embedding ``E(v_t)``. A soft step feeds
     u_t = sum_i w_t[i] * E(K_t[i]),   K_t = top-k(z_t / T_s),   w_t = softmax(z_t / T_s)[K_t] renormalised
 
 The baselines change only what a soft step feeds: HRPO passes a mixture through its gate
-together with ``E(v_t)`` (:class:`tarpo.engine.latent.HrpoGate`); by default that mixture is HRPO's
+together with ``E(v_t)`` (:class:`tarpo.engine.soft_input.HrpoGate`); by default that mixture is HRPO's
 full-vocabulary ``(p · E) / ‖p‖₂`` (:func:`normalised_full_mixture`), which the rollout records
 in ``soft_inputs``; Soft Tokens feed the recorded noisy full mixture (``soft_inputs``) as it is.
 

@@ -15,7 +15,7 @@ step. ``Rollout.decided`` marks those steps; they are the thinking steps of the
 objective (L_act, the action KL and delta_t).
 
 The baselines of docs/algorithm.md §3 are routings of the same loop: ``hrpo`` and ``soft_tokens`` go
-soft at every thinking step and change what a soft step feeds (``latent``: HRPO's gate,
+soft at every thinking step and change what a soft step feeds (``soft_module``: HRPO's gate,
 or Soft Tokens' noisy full mixture); a full-vocabulary mixture (Soft Tokens', and HRPO's
 own ``(p · E) / ‖p‖₂``) is recorded in ``soft_inputs``. ``entropy`` routing thresholds the
 entropy of ``softmax(z_t / entropy_temperature)``; by default ``entropy_temperature`` = 1,
@@ -31,16 +31,16 @@ import torch
 from transformers import DynamicCache
 
 from ..config import default, sampling_problem
-from ..routing import routing_rule
-from .backbone import Backbone, positions_from_mask
+from ..algorithms import routing_rule
+from .backbone import positions_from_mask
 from .engine_choice import check_engine, engine_for
 from .grouped_attention import grouped_decode_attention_on
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .sampling import row_keys
 from .static_decode import compiled_generate
-from .step import DecodeContext, hybrid_step, new_state
+from .step import DecodeContext, Policy, hybrid_step, new_state
 
-__all__ = ["RolloutSpec", "Rollout", "hybrid_generate", "release_cache"]
+__all__ = ["RolloutSpec", "Rollout", "Policy", "hybrid_generate", "release_cache"]
 
 
 @dataclass(frozen=True)
@@ -86,17 +86,12 @@ class RolloutSpec:
 
 @torch.no_grad()
 def hybrid_generate(
-    backbone: Backbone,
-    router,
+    policy: Policy,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     spec: RolloutSpec,
-    piece,
-    eos_token_ids,
-    pad_token_id: int,
     *,
     generator: torch.Generator | None = None,
-    latent=None,
     noise_seed: int | None = None,
     row_ids: torch.Tensor | None = None,
     lockstep=None,
@@ -109,10 +104,8 @@ def hybrid_generate(
     ``"auto"``, compiled on a GPU, else eager (:func:`tarpo.engine.engine_choice.engine_for`).
 
     Args:
-        backbone: the policy (:class:`Backbone`).
-        router: a :class:`tarpo.engine.router.Router`; needed only for ``learned`` routing.
-        piece: token id -> text, from which the answer-tag automaton is built (:func:`tagging.token_piece_fn`).
-        eos_token_ids: ids that end a row.
+        policy: the backbone, its router and soft-input module, the token texts and end ids
+            (:class:`tarpo.engine.step.Policy`).
         generator: optional RNG; ``None`` uses torch's global stream like ``generate``.
         noise_seed: draw every step's randomness as keyed noise (:func:`tarpo.engine.sampling.step_uniforms`)
             of this seed and each row's id: both engines then draw the same trajectory, and a row
@@ -124,14 +117,11 @@ def hybrid_generate(
         lockstep: for models sharded across processes (every rank must make the same decoder
             calls): a function ``any_rank(flag: bool) -> bool``, True when ``flag`` is on some rank (an
             all-reduce); ranks then decode until no rank has a running row, finished rows riding along.
-        latent: :class:`tarpo.engine.latent.HrpoGate` (routing ``hrpo``) or
-            :class:`tarpo.engine.latent.GaussianSoftTokens` (routing ``soft_tokens``) or
-            :class:`tarpo.engine.latent.GumbelTopK` (routing ``learned_gumbel``).
     """
+    backbone = policy.backbone
     engine = engine_for(spec.engine, backbone.embed_weight.device.type == "cuda")
     keyed = engine == "compiled" or noise_seed is not None  # else the steps draw from `generator`
-    c = DecodeContext.build(spec, backbone, router, latent, piece, eos_token_ids, pad_token_id, prompt_ids.device,
-                            generator=None if keyed else generator)
+    ctx = DecodeContext.build(spec, policy, prompt_ids.device, generator=None if keyed else generator)
     keys = None
     if keyed:
         if noise_seed is None:
@@ -141,11 +131,11 @@ def hybrid_generate(
             row_ids = torch.arange(prompt_ids.shape[0])
         keys = row_keys(noise_seed, row_ids.to(prompt_ids.device))
     if engine == "compiled":
-        return compiled_generate(c, prompt_ids, prompt_mask, keys, lockstep)
+        return compiled_generate(ctx, prompt_ids, prompt_mask, keys, lockstep)
     cache = DynamicCache(config=backbone.config)
     try:
         with backbone.decoding(), _grouped_attention(backbone):
-            return _decode(c, prompt_ids, prompt_mask, keys, lockstep, cache)
+            return _decode(ctx, prompt_ids, prompt_mask, keys, lockstep, cache)
     finally:
         release_cache(cache)
 
@@ -167,14 +157,14 @@ def _grouped_attention(backbone):
     return grouped_decode_attention_on(backbone.config)
 
 
-def _decode(c: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) -> Rollout:
+def _decode(ctx: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) -> Rollout:
     """The eager engine: :func:`tarpo.engine.step.hybrid_step` on the rows still running, a dynamic cache.
     Finished rows are dropped at the end checks unless the spec, the backbone (``fixed_batch``) or
     ``lockstep`` keeps the batch whole."""
-    device, spec, backbone = prompt_ids.device, c.spec, c.backbone
+    device, spec, backbone = prompt_ids.device, ctx.spec, ctx.backbone
     B, T, E = prompt_ids.shape[0], spec.max_new_tokens, backbone.embed_weight
     compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
-    rec = new_records(B, T, spec.soft_top_k, E.shape[1] if c.full_mix else 0, c.pad_token_id, device)
+    rec = new_records(B, T, spec.soft_top_k, E.shape[1] if ctx.full_mix else 0, ctx.pad_token_id, device)
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
 
     # The running sub-batch: `rows` maps its positions to the batch's rows. Rows that ended ride along
@@ -185,7 +175,7 @@ def _decode(c: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) ->
     hidden = backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
     next_pos = pos[:, -1] + 1
     for t in range(T):
-        out = hybrid_step(c, hidden, state, t, keys)
+        out = hybrid_step(ctx, hidden, state, t, keys)
         for name, value in out.records.items():
             rec[name][rows, t] = value
         state, inputs, tokens = out.state, out.inputs, out.tokens

@@ -10,7 +10,7 @@ and, on CUDA, replayed as one captured CUDA graph::
     hybrid_step (h_t -> token -> router -> next input) -> records written at step t -> decoder -> h_t+1
 
 - **Static buffers, nothing fed back.** The step reads and writes only buffers allocated once
-  per rollout (:class:`StaticDecoder`): the cache, the mask, the hidden state ``h_t``, the
+  per rollout (:class:`DecodeBuffers`): the cache, the mask, the hidden state ``h_t``, the
   loop state (step index, positions, tag automaton, thinking / alive / ended) and the records.
   It returns nothing, so no tensor it produced is ever an input of the next call: a captured
   CUDA graph replays the same kernels on the same addresses, and an output buffer that a
@@ -61,18 +61,18 @@ RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default,
 COMPILE_BACKEND_VARIABLE = "TARPO_COMPILE_BACKEND"
 
 
-def decode_step(c: DecodeContext, weights, buf, rec, cache, mask):
+def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask):
     """One decode step for every row: reads ``h_t`` and the loop state from ``buf``, writes
     ``rec[:, t]``, then ``h_{t+1}`` and the next state back into ``buf``; returns nothing.
 
     ``buf``: ``hidden`` [B, d], ``t`` (0-d long), ``slot`` (0-d long) the cache slot of the next input,
     ``pos`` [B] its position ids, the loop state of :func:`tarpo.engine.step.new_state` and ``keys`` [B] the
-    rows' noise keys; ``rec``, ``cache``, ``mask``: the other buffers of :class:`StaticDecoder`. The decoder is
+    rows' noise keys; ``rec``, ``cache``, ``mask``: the other buffers of :class:`DecodeBuffers`. The decoder is
     :func:`tarpo.engine.functional_decoder.forward` over ``weights``, the model's own tensors; the context's
     backbone gives the embedding and the head.
     """
     t = buf["t"]
-    out = hybrid_step(c, buf["hidden"], buf, t, buf["keys"])
+    out = hybrid_step(ctx, buf["hidden"], buf, t, buf["keys"])
     index = t.view(1)
     for name, value in out.records.items():
         rec[name].index_copy_(1, index, value.unsqueeze(1))
@@ -181,7 +181,7 @@ class _LateFlag:
         return previous
 
 
-class StaticDecoder:
+class DecodeBuffers:
     """The static buffers of one rollout: cache, mask, loop state, records (see the module doc)."""
 
     def __init__(self, backbone: Backbone, weights, batch: int, new_tokens: int, cache_len: int, k: int,
@@ -220,16 +220,16 @@ def check_fits(spec, prompt_ids) -> int:
 
 
 @torch.no_grad()
-def compiled_generate(c: DecodeContext, prompt_ids, prompt_mask, keys: torch.Tensor, lockstep=None):
+def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.Tensor, lockstep=None):
     """:func:`tarpo.engine.rollout.hybrid_generate` with ``engine="compiled"``, in the rollout's context
-    ``c`` (``c.generator`` None); ``keys``: the rows' noise keys (:func:`tarpo.engine.sampling.row_keys`)."""
-    device, spec, backbone = prompt_ids.device, c.spec, c.backbone
+    ``ctx`` (``ctx.generator`` None); ``keys``: the rows' noise keys (:func:`tarpo.engine.sampling.row_keys`)."""
+    device, spec, backbone = prompt_ids.device, ctx.spec, ctx.backbone
     rows, P = prompt_ids.shape
     B = check_fits(spec, prompt_ids)
     T, E = spec.max_new_tokens, backbone.embed_weight
     weights = functional_decoder.decoder_weights(backbone.model)  # the model's own tensors, whichever backend
-    engine = StaticDecoder(backbone, weights, B, T, cache_length(P, T, spec.max_prompt_length), spec.soft_top_k,
-                           c.full_mix, c.pad_token_id, device)
+    engine = DecodeBuffers(backbone, weights, B, T, cache_length(P, T, spec.max_prompt_length), spec.soft_top_k,
+                           ctx.full_mix, ctx.pad_token_id, device)
     if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs
         fill = B - rows
         prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(fill, -1)])
@@ -248,7 +248,7 @@ def compiled_generate(c: DecodeContext, prompt_ids, prompt_mask, keys: torch.Ten
     engine.buf["slot"].fill_(P)
     del hidden
     step = compiled_step(device)
-    run = step_runner(functools.partial(step, c, weights, engine.buf, engine.rec, engine.cache, engine.mask), device)
+    run = step_runner(functools.partial(step, ctx, weights, engine.buf, engine.rec, engine.cache, engine.mask), device)
     flag = _LateFlag()
     for t in range(T):
         run()

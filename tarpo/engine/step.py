@@ -24,32 +24,44 @@ A worked example, hard routing on a two-token vocabulary (token 1 is EOS)::
     >>> bb = NS(embed_weight=E, logits=lambda h: h, lm_head=NS(weight=E))
     >>> spec = RolloutSpec(max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, soft_top_k=2, routing="hard",
     ...                    greedy=True)
-    >>> c = DecodeContext.build(spec, bb, None, None, ["a", "b"].__getitem__, eos_token_ids=[1], pad_token_id=0,
-    ...                         device="cpu")
-    >>> out = hybrid_step(c, torch.tensor([[2.0, 0.0], [0.0, 2.0]]), new_state(2, "cpu"), 0, None)
+    >>> ctx = DecodeContext.build(spec, Policy(bb, ["a", "b"].__getitem__, eos_token_ids=[1], pad_token_id=0), "cpu")
+    >>> out = hybrid_step(ctx, torch.tensor([[2.0, 0.0], [0.0, 2.0]]), new_state(2, "cpu"), 0, None)
     >>> out.tokens.tolist(), out.records["decided"].tolist(), out.state["alive"].tolist(), out.inputs.tolist()
     ([0, 1], [True, False], [True, False], [[1.0, 0.0], [0.0, 1.0]])
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
-from ..routing import ALWAYS, ENTROPY, NEVER, ROUTINGS, TOP_K
+from ..algorithms import ALWAYS, ENTROPY, NEVER, ROUTINGS, TOP_K
 from . import tag_automaton
-from .latent import GaussianSoftTokens, GumbelTopK
+from .soft_input import GaussianSoftTokens, GumbelTopK
 from .mixture import normalised_full_mixture, soft_step_input, soft_topk, topk_mixture
 from .sampling import (STREAM_GAUSSIAN, STREAM_GUMBEL, STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax,
                        logprobs_and_entropy, sample_tokens, step_normals, step_uniforms)
+
+
+class Policy(NamedTuple):
+    """The model side of a rollout, the same for every rollout of a run: what decodes and routes, and how the
+    tokenizer's ids read. The trainer and the evaluation build it once per rollout from parts they keep."""
+
+    backbone: object                 # tarpo.engine.backbone.Backbone: the policy's embedding, decoder and head
+    token_text: Callable[[int], str]  # token id -> text, read by the answer tag's automaton (tagging.token_text_fn)
+    eos_token_ids: object            # the ids that end a row
+    pad_token_id: int
+    router: object = None            # tarpo.engine.router.Router; needed only by the learned routings
+    soft_module: object = None       # the routing's soft-input module (tarpo.engine.soft_input): HRPO's gate,
+    #                                  Soft Tokens' noise or the Gumbel draw; None for the top-k mixture
 
 
 class DecodeContext(NamedTuple):
     """What every step of one rollout reads and none changes, built once per rollout (:meth:`build`).
 
     The settings are the rollout's :class:`tarpo.engine.rollout.RolloutSpec` itself (frozen), their one
-    owner; the fields after the tag tables are what the routing's latent module and the tokenizer add.
+    owner; the fields after the tag tables are what the routing's soft-input module and the tokenizer add.
     A NamedTuple, so that dynamo takes it apart as it is when the compiled engine's step
     (:func:`tarpo.engine.static_decode.decode_step`) receives it: the graph reads its tensors as inputs
     and specialises on its Python constants."""
@@ -69,24 +81,23 @@ class DecodeContext(NamedTuple):
     generator: torch.Generator | None = None  # where a step without keys draws (None: torch's stream)
 
     @classmethod
-    def build(cls, spec, backbone, router, latent, piece, eos_token_ids, pad_token_id: int, device,
-              generator=None) -> "DecodeContext":
-        """The context of a rollout under ``spec`` (its routing's needs checked): ``latent`` the routing's
-        module (:func:`tarpo.engine.rollout.hybrid_generate`), ``piece`` the token texts the answer tag's
-        tables are built from, on ``device``."""
-        r = ROUTINGS[spec.routing]
-        if r.router and router is None:
+    def build(cls, spec, policy: Policy, device, generator=None) -> "DecodeContext":
+        """The context of a rollout of ``policy`` under ``spec`` (the routing's needs checked), its tag tables
+        and end ids on ``device``."""
+        r, soft_module = ROUTINGS[spec.routing], policy.soft_module
+        if r.router and policy.router is None:
             raise ValueError(f"routing={spec.routing!r} needs a router")
-        if r.soft_input != TOP_K and latent is None:
-            raise ValueError(f"routing={spec.routing!r} needs its latent module (HRPO gate / Soft Tokens noise / "
+        if r.soft_input != TOP_K and soft_module is None:
+            raise ValueError(f"routing={spec.routing!r} needs its soft-input module (HRPO gate / Soft Tokens noise / "
                              "Gumbel temperature)")
-        gate = latent if r.gate else None
-        next_tag, hit_tag = tag_automaton.tables(piece, spec.answer_tag, backbone.lm_head.weight.shape[0], device)
-        return cls(spec, backbone, router, gate, next_tag, hit_tag,
-                   torch.as_tensor(list(eos_token_ids), dtype=torch.long, device=device), int(pad_token_id),
+        gate = soft_module if r.gate else None
+        vocab = policy.backbone.lm_head.weight.shape[0]
+        next_tag, hit_tag = tag_automaton.tables(policy.token_text, spec.answer_tag, vocab, device)
+        eos = torch.as_tensor(list(policy.eos_token_ids), dtype=torch.long, device=device)
+        return cls(spec, policy.backbone, policy.router, gate, next_tag, hit_tag, eos, int(policy.pad_token_id),
                    full_mix=r.full_mixture(None if gate is None else gate.mixture), gaussian=r.gaussian,
-                   sigma=float(latent.sigma) if r.gaussian else 0.0,
-                   gumbel_temperature=float(latent.temperature) if r.gumbel else 0.0, generator=generator)
+                   sigma=float(soft_module.sigma) if r.gaussian else 0.0,
+                   gumbel_temperature=float(soft_module.temperature) if r.gumbel else 0.0, generator=generator)
 
 
 class StepOut(NamedTuple):
@@ -104,52 +115,52 @@ def new_state(batch: int, device) -> dict:
                 ended=torch.zeros(batch, dtype=torch.bool, device=device))
 
 
-def hybrid_step(c: DecodeContext, hidden, state: dict, t, keys) -> StepOut:
+def hybrid_step(ctx: DecodeContext, hidden, state: dict, t, keys) -> StepOut:
     """Step ``t`` (int or 0-d tensor) for every row, from the final hidden states ``hidden`` [B, d].
 
     ``state``: ``tag`` [B] automaton states, ``thinking`` / ``alive`` / ``ended`` [B] bool; ``keys`` [B] the
-    rows' noise keys, or None (draws from ``c.generator``). A row that has ended draws but records nothing
+    rows' noise keys, or None (draws from ``ctx.generator``). A row that has ended draws but records nothing
     (pad, False, 0, as a step that never ran) and never decides; no decision at the last step allowed.
     """
-    s, alive = c.spec, state["alive"]
-    logits = c.backbone.logits(hidden).float()
+    s, alive = ctx.spec, state["alive"]
+    logits = ctx.backbone.logits(hidden).float()
     filtered = filter_logits(logits, s.temperature, s.top_k, s.top_p)
-    tokens = _draw_token(c, filtered, t, keys)
+    tokens = _draw_token(ctx, filtered, t, keys)
     scaled = logits / s.temperature
     logp_all, entropy = logprobs_and_entropy(scaled)
 
-    tag, hit = tag_automaton.step(state["tag"], tokens, c.next_tag, c.hit_tag)
+    tag, hit = tag_automaton.step(state["tag"], tokens, ctx.next_tag, ctx.hit_tag)
     thinking = state["thinking"] & ~hit
-    is_eos = torch.isin(tokens, c.eos)
+    is_eos = torch.isin(tokens, ctx.eos)
     decide = alive & thinking & ~is_eos & (t < s.max_new_tokens - 1)
-    soft, p_soft = _route(c, hidden, logits, entropy, decide, t, keys)
-    inputs, ids, weights, mixed = _next_inputs(c, tokens, scaled, filtered, soft, t, keys)
+    soft, p_soft = _route(ctx, hidden, logits, entropy, decide, t, keys)
+    inputs, ids, weights, mixed = _next_inputs(ctx, tokens, scaled, filtered, soft, t, keys)
 
     zero = torch.zeros((), dtype=torch.float32, device=entropy.device)
-    records = dict(token_ids=torch.where(alive, tokens, c.pad_token_id), completion_mask=alive, is_soft=soft,
+    records = dict(token_ids=torch.where(alive, tokens, ctx.pad_token_id), completion_mask=alive, is_soft=soft,
                    decided=decide, p_soft=p_soft, entropy=torch.where(alive, entropy, zero),
                    logp=torch.where(alive, logp_all.gather(-1, tokens[:, None]).squeeze(-1), zero))
     if ids is not None:
         records.update(soft_ids=torch.where(soft[:, None], ids, 0),
                        soft_weights=torch.where(soft[:, None], weights, zero))
-    if c.full_mix:
+    if ctx.full_mix:
         records["soft_inputs"] = torch.where(soft[:, None], mixed, zero)
     state = dict(tag=tag, thinking=thinking, alive=alive & ~is_eos, ended=state["ended"] | (alive & is_eos))
     return StepOut(inputs, tokens, records, state)
 
 
-def _draw_token(c, filtered, t, keys):
+def _draw_token(ctx, filtered, t, keys):
     """v_t ~ softmax(filtered): argmax when greedy, Gumbel-max on keyed noise, or ``torch.multinomial``."""
-    if c.spec.greedy:
+    if ctx.spec.greedy:
         return filtered.argmax(-1)
     if keys is not None:
         return gumbel_argmax(filtered, step_uniforms(keys, t, STREAM_TOKEN, filtered.shape[-1]))
-    return sample_tokens(filtered, False, c.generator)
+    return sample_tokens(filtered, False, ctx.generator)
 
 
-def _route(c, hidden, logits, entropy, decide, t, keys):
+def _route(ctx, hidden, logits, entropy, decide, t, keys):
     """d_t (bool [B], True = soft) for the rows in ``decide``, and rho(soft|h_t) (0 where no learned decision)."""
-    s = c.spec
+    s = ctx.spec
     p_soft, when = torch.zeros_like(entropy), ROUTINGS[s.routing].soft_when
     if when == NEVER:
         return torch.zeros_like(decide), p_soft
@@ -160,35 +171,35 @@ def _route(c, hidden, logits, entropy, decide, t, keys):
             entropy = logprobs_and_entropy(logits / s.entropy_temperature)[1]
         above = entropy > s.entropy_threshold
         return decide & (above if s.entropy_soft_when == "high" else ~above), p_soft
-    p = c.router.log_probs(hidden)[:, 1].exp()  # ROUTER
+    p = ctx.router.log_probs(hidden)[:, 1].exp()  # ROUTER
     if s.router_greedy:
         soft = p > 0.5
     else:
         u = (step_uniforms(keys, t, STREAM_ROUTE, 1)[:, 0] if keys is not None else
-             torch.rand(p.shape, device=p.device, generator=c.generator))
+             torch.rand(p.shape, device=p.device, generator=ctx.generator))
         soft = u < p
     return decide & soft, torch.where(decide, p, p_soft)
 
 
-def _next_inputs(c, tokens, scaled, filtered, soft, t, keys):
+def _next_inputs(ctx, tokens, scaled, filtered, soft, t, keys):
     """Every row's next input (``E(v_t)``, or the soft input where ``soft``) and what a soft step
     records of it: top-k ids and weights, or the fp32 full mixture (the other two are None)."""
-    E, ids, weights = c.backbone.embed_weight, None, None
-    if c.gaussian:
+    E, ids, weights = ctx.backbone.embed_weight, None, None
+    if ctx.gaussian:
         d = E.shape[1]
-        noise = step_normals(keys, t, STREAM_GAUSSIAN, d) if keys is not None else _normals(soft, d, c.generator)
-        mixed = GaussianSoftTokens.input(scaled, E, c.sigma, noise)
-    elif c.full_mix:  # HRPO: p is the distribution v_t was drawn from
+        noise = step_normals(keys, t, STREAM_GAUSSIAN, d) if keys is not None else _normals(soft, d, ctx.generator)
+        mixed = GaussianSoftTokens.input(scaled, E, ctx.sigma, noise)
+    elif ctx.full_mix:  # HRPO: p is the distribution v_t was drawn from
         mixed = normalised_full_mixture(filtered, E)
     else:
-        k = c.spec.soft_top_k
+        k = ctx.spec.soft_top_k
         ids, weights = soft_topk(scaled, k)
-        if c.gumbel_temperature:  # exploration inside the soft mode: a Gumbel-softmax draw of the weights
-            u = step_uniforms(keys, t, STREAM_GUMBEL, k) if keys is not None else _uniforms(soft, k, c.generator)
-            weights = GumbelTopK.weights(scaled.gather(-1, ids), u, c.gumbel_temperature)
+        if ctx.gumbel_temperature:  # exploration inside the soft mode: a Gumbel-softmax draw of the weights
+            u = step_uniforms(keys, t, STREAM_GUMBEL, k) if keys is not None else _uniforms(soft, k, ctx.generator)
+            weights = GumbelTopK.weights(scaled.gather(-1, ids), u, ctx.gumbel_temperature)
         mixed = topk_mixture(E, ids, weights)
     e = E[tokens]
-    return torch.where(soft[:, None], soft_step_input(e, mixed, c.gate), e), ids, weights, mixed
+    return torch.where(soft[:, None], soft_step_input(e, mixed, ctx.gate), e), ids, weights, mixed
 
 
 def _uniforms(soft, k, generator):

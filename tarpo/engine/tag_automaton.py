@@ -11,7 +11,7 @@ token, is found). A decode step is then pure indexing, with no host sync::
 
 After a hit the state carries on as KMP would, so a later tag hits again; that does not
 matter to the caller, whose ``thinking`` flag is sticky ("completed the tag at this step" is
-``hit_now & thinking``). An empty piece (special tokens decode to text, but ids past the tokenizer decode
+``hit_now & thinking``). An empty token text (special tokens decode to text, but ids past the tokenizer decode
 to "") leaves the state as it is and never hits. tests/test_tag_automaton.py checks the tables against a
 character-level reading and whole token streams against a per-row text tracker (tests/oracles.py).
 
@@ -56,9 +56,9 @@ def build(pieces: list[str], tag: str) -> tuple[torch.Tensor, torch.Tensor]:
 
     Every piece runs through the char DFA from all S states at once, one character
     column per step. Only a piece's first and last ``len(tag) - 1`` characters can
-    interact with the state (a match reaching back before the piece starts within its
+    interact with the state (a match reaching back before the token's text starts within its
     head; the state after it lies within its tail), so a long piece is cut to
-    head + "\\0" + tail, and ``tag in piece`` gives the matches wholly inside it.
+    head + "\\0" + tail, and ``tag in p`` gives the matches wholly inside it.
     """
     if not tag or "\0" in tag:
         raise ValueError(f"unsupported tag {tag!r}")
@@ -99,13 +99,13 @@ def step(state: torch.Tensor, tokens: torch.Tensor, next_state: torch.Tensor,
 _TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def tables(piece, tag: str, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`build`'s tables for a piece function (:func:`tarpo.engine.tagging.token_piece_fn`) on
+def tables(token_text, tag: str, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`build`'s tables for a token-text function (:func:`tarpo.engine.tagging.token_text_fn`) on
     ``device``, built once (it decodes every id: a few seconds for a 150k vocabulary) and kept while
-    ``piece`` lives."""
-    per_piece = _TABLES.setdefault(piece, {})
+    ``token_text`` lives."""
+    per_piece = _TABLES.setdefault(token_text, {})
     key = (tag, vocab, str(device))
     if key not in per_piece:
-        nxt, hit = build([piece(i) for i in range(vocab)], tag)
+        nxt, hit = build([token_text(i) for i in range(vocab)], tag)
         per_piece[key] = (nxt.to(device), hit.to(device))
     return per_piece[key]

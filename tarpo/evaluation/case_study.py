@@ -15,7 +15,7 @@ import os
 import torch
 
 from ..engine.rollout import RolloutSpec
-from ..engine.tagging import token_piece_fn
+from ..engine.tagging import token_text_fn
 from ..tasks.graders import grade_batch
 from ..tasks.registry import TASKS, load_task
 from ..training.objective import group_advantages
@@ -28,7 +28,7 @@ STYLE = """body{font-family:sans-serif;max-width:60em;margin:2em auto}
 .meta{color:#555;font-size:90%}"""
 
 
-def render_sample(rec: dict, piece, top: int = 5) -> str:
+def render_sample(rec: dict, token_text, top: int = 5) -> str:
     """One completion as HTML: soft steps in ``<span class="soft">`` with the mixture in ``title``.
 
     >>> rec = {"tokens": [1, 2], "actions": "s-", "p_soft": [0.8, 0.0], "soft_top": [[[1, 0.75], [3, 0.25]], None]}
@@ -37,9 +37,9 @@ def render_sample(rec: dict, piece, top: int = 5) -> str:
     """
     out = []
     for j, tok in enumerate(rec["tokens"]):
-        text = html.escape(piece(tok))
+        text = html.escape(token_text(tok))
         if rec["actions"][j] == "s":
-            mix = " | ".join(f"{piece(i)} {w:.3f}" for i, w in (rec["soft_top"][j] or [])[:top])
+            mix = " | ".join(f"{token_text(i)} {w:.3f}" for i, w in (rec["soft_top"][j] or [])[:top])
             alpha = max(rec["p_soft"][j], 0.25)
             out.append(f'<span class="soft" style="background:rgba(255,140,0,{alpha:.2f})" '
                        f'title="{html.escape(mix, quote=True)}">{text}</span>')
@@ -48,7 +48,7 @@ def render_sample(rec: dict, piece, top: int = 5) -> str:
     return "".join(out)
 
 
-def page(title: str, questions: list[tuple[dict, list[dict]]], piece) -> str:
+def page(title: str, questions: list[tuple[dict, list[dict]]], token_text) -> str:
     """The whole page: one section per question, its samples with reward, advantage, units and soft steps."""
     body = [f"<h1>{html.escape(title)}</h1>"]
     for ex, recs in questions:
@@ -58,7 +58,7 @@ def page(title: str, questions: list[tuple[dict, list[dict]]], piece) -> str:
         for r in recs:
             body.append(f'<div class="s"><p class="meta">sample {r["sample"]}: reward {r["reward"]:.0f}, '
                         f'advantage {r["advantage"]:+.3f}, units {r["units"]}, soft steps {r["soft_steps"]}</p>'
-                        f'<div class="t">{render_sample(r, piece)}</div></div>')
+                        f'<div class="t">{render_sample(r, token_text)}</div></div>')
         body.append("</div>")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>")
@@ -92,4 +92,4 @@ def case_study(args) -> str:
         r.update(reward=g.score, advantage=a)
     groups = [(ex, [r for r in recs if r["id"] == ex["id"]]) for ex in chosen]
     return page(f"{args.task}: {args.mode} samples of {args.adapter or args.model}", groups,
-                token_piece_fn(tokenizer))
+                token_text_fn(tokenizer))

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..engine.rollout import RolloutSpec
 from ..atomic_files import write_json_atomic
-from ..routing import ENTROPY, MODES
+from ..algorithms import ENTROPY, MODES
 from ..tasks.prompts import prompt_ids
 from ..tasks.registry import TASKS, load_task
 from .ranks import processes, rank0_first

@@ -9,7 +9,7 @@ import os
 from datetime import datetime, timezone
 
 from ..patches.targets import installed_version
-from ..routing import MODES
+from ..algorithms import MODES
 from ..tasks.graders import canonical_answers, grader_versions
 from ..tasks.registry import TASKS, load_task
 from .sample import summarize

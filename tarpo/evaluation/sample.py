@@ -20,17 +20,17 @@ from dataclasses import replace
 import torch
 
 from ..engine.precision import mixed_precision
-from ..engine.rollout import RolloutSpec, hybrid_generate
-from ..engine.tagging import token_piece_fn
+from ..engine.rollout import Policy, RolloutSpec, hybrid_generate
+from ..engine.tagging import token_text_fn
 from ..models.backends import make_backbone
 from ..models.loading import stop_token_ids
-from ..routing import inference_mode
+from ..algorithms import inference_mode
 from ..tasks.graders import grade_batch
 from ..tasks.prompts import encode_prompts
 from .metrics import majority_vote, mean_pass_at_k, mean_sd_ci
 
 def spec_for_mode(name: str, spec: RolloutSpec) -> RolloutSpec:
-    """``spec`` under the inference mode ``name`` (:data:`tarpo.routing.MODES`): its routing rule; a
+    """``spec`` under the inference mode ``name`` (:data:`tarpo.algorithms.MODES`): its routing rule; a
     greedy mode takes argmax tokens, and argmax routing where the router decides."""
     m = inference_mode(name)
     return replace(spec, routing=m.routing, greedy=m.greedy,
@@ -52,16 +52,15 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
     spec = spec_for_mode(mode, spec)
     backbone = make_backbone(model)
     device = next(model.parameters()).device
-    piece = token_piece_fn(tokenizer)
-    stop = stop_token_ids(model, tokenizer)
+    policy = Policy(backbone, token_text_fn(tokenizer), stop_token_ids(model, tokenizer), tokenizer.pad_token_id,
+                    router, gate)
     jobs = [(ex, i) for ex in examples for i in range(n)]
     records = []
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
         ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device)
         with mixed_precision(backbone):  # the precision training rolled out in (tarpo.engine.precision)
-            out = hybrid_generate(backbone, router, ids, mask, spec, piece, stop,
-                                  tokenizer.pad_token_id, generator=generator, latent=gate)
+            out = hybrid_generate(policy, ids, mask, spec, generator=generator)
         for row, (ex, i) in enumerate(chunk):
             records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer, soft_detail)})
         if progress is not None:

@@ -8,10 +8,10 @@ import os
 
 import torch
 
-from ..engine.latent import HRPO_WEIGHTS
+from ..engine.soft_input import HRPO_WEIGHTS
 from ..engine.router import ROUTER_WEIGHTS
 from ..models.loading import load_gate, load_trained
-from ..routing import MODES
+from ..algorithms import MODES
 
 
 def check_system(adapter: str | None, mode: str) -> None:

@@ -11,7 +11,7 @@ import glob
 import json
 import os
 
-from ..routing import MODES
+from ..algorithms import MODES
 from . import paper
 
 DASH = "–"

@@ -14,7 +14,7 @@ import torch
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..engine.latent import HRPO_WEIGHTS, HrpoGate
+from ..engine.soft_input import HRPO_WEIGHTS, HrpoGate
 from ..engine.router import ROUTER_WEIGHTS, Router
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

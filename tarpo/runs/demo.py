@@ -37,7 +37,7 @@ from ..evaluation.plot import plot_runs
 from ..atomic_files import publish_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from ..evaluation.sample import sample, score_records, summarize
 from ..models.loading import load_trained
-from ..routing import ALGOS, MODES
+from ..algorithms import ALGOS, MODES
 from ..tasks.graders import reward_function
 from ..tasks.registry import load_task, messages
 from ..tasks.synthetic import completion_text, make_split, noisy_demonstration

@@ -34,7 +34,7 @@ import sys
 from dataclasses import replace
 
 from ..atomic_files import write_json_atomic
-from ..routing import ROUTINGS
+from ..algorithms import ROUTINGS
 from .launch_config import LaunchConfig
 from .presets import resolve, variable_of
 

@@ -22,7 +22,7 @@ class LaunchConfig:
 
     dataset: str                  # the launcher: gsm8k, math or dapo (tarpo.runs.presets.DATASETS)
     task: str                     # the training data set's task (tarpo.tasks.registry)
-    algo: str                     # ALGO (tarpo.routing.ALGOS)
+    algo: str                     # ALGO (tarpo.algorithms.ALGOS)
     system: str                   # the algorithm's name in the paper's tables
     model: str                    # MODEL: a hub id or a local folder
     model_name: str               # the model's last path component
@@ -33,7 +33,7 @@ class LaunchConfig:
     train_limit: int | None       # TRAIN_LIMIT
     eval: bool                    # EVAL
     eval_tasks: tuple[str, ...]   # the data set's benchmarks
-    eval_mode: str                # the algorithm's evaluation mode (tarpo.routing.MODES)
+    eval_mode: str                # the algorithm's evaluation mode (tarpo.algorithms.MODES)
     eval_n: int                   # EVAL_N
     eval_limit: int | None        # EVAL_LIMIT
     eval_data_dir: str | None     # EVAL_DATA_DIR

@@ -17,7 +17,7 @@ import difflib
 import os
 
 from ..architectures import ARCHITECTURES
-from ..routing import ALGOS, MODES
+from ..algorithms import ALGOS, MODES
 from .launch_config import LaunchConfig
 
 # ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation

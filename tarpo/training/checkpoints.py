@@ -303,7 +303,7 @@ def save_heads(directory: str, router, ref_router, gate, write: bool) -> None:
 def load_heads(checkpoint: str, router, gate, device):
     """The router and HRPO's gate of ``checkpoint`` loaded into ``router`` and ``gate`` (sharded or not);
     returns its frozen reference router on ``device``."""
-    from ..engine.latent import HrpoGate
+    from ..engine.soft_input import HrpoGate
     from ..engine.router import Router
     from . import sharding
     sharding.load_whole(router, Router.load(checkpoint).state_dict())

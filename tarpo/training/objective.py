@@ -13,7 +13,7 @@ import torch
 
 from ..config import IS_CORRECTIONS, SCALE_REWARDS, default
 from ..losses import LOSSES, loss_variant
-from ..routing import ROUTINGS
+from ..algorithms import ROUTINGS
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, scale: str = "group") -> torch.Tensor:
@@ -211,7 +211,7 @@ def tarpo_loss(
     decided: torch.Tensor,
     old_logp_tok: torch.Tensor | None = None,
     old_logp_act: torch.Tensor | None = None,
-    logp_latent: torch.Tensor | None = None,
+    logp_soft_input: torch.Tensor | None = None,
     num_units: float | None = None,
     is_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
     entropy_mask: torch.Tensor | None = None,
@@ -235,7 +235,7 @@ def tarpo_loss(
 
     The latent baselines of docs/algorithm.md §3 generalise which steps carry the policy gradient
     of L_tok: HRPO (``settings.token_loss_on_soft``) feeds v_t blended into every input, so
-    1[d_t = hard] becomes 1 at every step; Soft Tokens (``logp_latent``, [B, T]) adds
+    1[d_t = hard] becomes 1 at every step; Soft Tokens (``logp_soft_input``, [B, T]) adds
     ``1[d_t = soft] log N(u_t; mu_theta(s_t), sigma^2 I)``, the log-likelihood of the
     noisy input it fed (on-policy only).
 
@@ -262,11 +262,11 @@ def tarpo_loss(
 
     pg_tok = variant.surrogate(logp_tok, advantages, old_logp_tok, token_steps, s.level, s)
     per_tok = pg_tok * w_tok * token_steps
-    if logp_latent is not None:
+    if logp_soft_input is not None:
         if old_logp_tok is not None:
             raise ValueError("the Soft Tokens term is on-policy only (one gradient step per batch)")
         soft = completion_mask & is_soft
-        per_tok = per_tok + variant.surrogate(logp_latent, advantages, None, soft, "token", s) * soft
+        per_tok = per_tok + variant.surrogate(logp_soft_input, advantages, None, soft, "token", s) * soft
     if entropy_mask is not None:
         per_tok = per_tok * entropy_mask
     ones = torch.ones_like(logp_tok)

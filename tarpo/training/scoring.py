@@ -20,7 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..engine.backbone import Backbone, positions_from_mask
-from ..engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
+from ..engine.soft_input import GaussianSoftTokens, GumbelTopK, HrpoGate
 from ..engine.mixture import build_inputs_embeds
 from .objective import k3, kl_divergence, two_class_kl
 
@@ -34,7 +34,7 @@ class StepScores:
     p_hard: torch.Tensor            # rho_theta(hard|h_t) (1 where no router)
     kl_tok: torch.Tensor            # k3 or full KL to pi_ref (0 if no reference)
     kl_act: torch.Tensor            # KL(rho_theta || rho_ref) (0 if no reference / router)
-    logp_latent: torch.Tensor | None = None  # log-density of a soft step's random input: Soft Tokens' log N(u_t;
+    logp_soft_input: torch.Tensor | None = None  # log-density of a soft step's random input: Soft Tokens' log N(u_t;
                                              # mean_theta, sigma^2 I), GumbelTopK's log Concrete(w_t; alpha_theta)
     entropy: torch.Tensor | None = None      # entropy of pi_theta(.|s_t) at T_s, no gradient (with_entropy)
 
@@ -94,7 +94,7 @@ def _gaussian_chunk(head, embedding, hidden, inputs, temperature, noise):
     return noise.log_likelihood(inputs, noise.mean(head(hidden).float() / temperature, embedding))
 
 
-def latent_logprobs(head, embedding, hidden, inputs, mask, temperature, chunk_size, noise) -> torch.Tensor:
+def gaussian_logprobs(head, embedding, hidden, inputs, mask, temperature, chunk_size, noise) -> torch.Tensor:
     """Soft Tokens: log N(u_t; softmax(head(h)/T_s) @ E, sigma^2 I) at masked steps, 0 elsewhere."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
     out[mask] = _chunked(lambda h, u: _gaussian_chunk(head, embedding, h, u, temperature, noise), chunk_size,
@@ -108,7 +108,7 @@ def _concrete_chunk(head, hidden, ids, weights, temperature, gumbel):
 
 def gumbel_logprobs(head, hidden, ids, weights, mask, temperature, chunk_size, gumbel) -> torch.Tensor:
     """Gumbel exploration: log Concrete(w_t; alpha = exp(head(h)/T_s) at the recorded top-k ids) at masked
-    steps, 0 elsewhere (:class:`tarpo.engine.latent.GumbelTopK`)."""
+    steps, 0 elsewhere (:class:`tarpo.engine.soft_input.GumbelTopK`)."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
     out[mask] = _chunked(lambda h, i, w: _concrete_chunk(head, h, i, w, temperature, gumbel), chunk_size,
                          hidden[mask], ids[mask], weights[mask])
@@ -149,7 +149,7 @@ def score_rollout(
     use_router: bool,
     with_reference: bool,
     token_kl: str = "k3",
-    latent=None,
+    soft_module=None,
     with_entropy: bool = False,
 ) -> StepScores:
     """Policy (and reference) scores of a recorded batch; gradients flow to LoRA and router
@@ -157,11 +157,11 @@ def score_rollout(
 
     The reference is the same backbone with its adapter disabled, fed the same inputs;
     ``ref_router`` (a frozen copy of the initial router) reads its hidden states.
-    ``latent``: HRPO's gate (rebuilds gated inputs), Soft Tokens' noise model or the Gumbel exploration
-    (each adds ``logp_latent`` at soft steps). ``with_entropy``: the token distribution's entropy at every
+    ``soft_module``: HRPO's gate (rebuilds gated inputs), Soft Tokens' noise model or the Gumbel exploration
+    (each adds ``logp_soft_input`` at soft steps). ``with_entropy``: the token distribution's entropy at every
     step too (``top_entropy_quantile``), computed in the log-prob chunks.
     """
-    gate = latent if isinstance(latent, HrpoGate) else None
+    gate = soft_module if isinstance(soft_module, HrpoGate) else None
     mask = rollout.completion_mask
     hidden = sequence_hidden(backbone, rollout, gate)
     logp_tok = token_logprobs(backbone.logits, hidden, rollout.token_ids, mask, temperature, chunk_size,
@@ -173,13 +173,13 @@ def score_rollout(
         act_logp = router.log_probs(hidden)                               # [B, T, 2]
         logp_act = act_logp.gather(-1, rollout.is_soft.long()[..., None]).squeeze(-1)
         p_hard = act_logp[..., 0].exp()
-    logp_latent = None
-    if isinstance(latent, GaussianSoftTokens):
-        logp_latent = latent_logprobs(backbone.logits, backbone.embed_weight, hidden, rollout.soft_inputs,
-                                      mask & rollout.is_soft, temperature, chunk_size, latent)
-    if isinstance(latent, GumbelTopK):
-        logp_latent = gumbel_logprobs(backbone.logits, hidden, rollout.soft_ids, rollout.soft_weights,
-                                      mask & rollout.is_soft, temperature, chunk_size, latent)
+    logp_soft_input = None
+    if isinstance(soft_module, GaussianSoftTokens):
+        logp_soft_input = gaussian_logprobs(backbone.logits, backbone.embed_weight, hidden, rollout.soft_inputs,
+                                      mask & rollout.is_soft, temperature, chunk_size, soft_module)
+    if isinstance(soft_module, GumbelTopK):
+        logp_soft_input = gumbel_logprobs(backbone.logits, hidden, rollout.soft_ids, rollout.soft_weights,
+                                      mask & rollout.is_soft, temperature, chunk_size, soft_module)
     if with_reference:
         with torch.no_grad(), backbone.adapter_disabled():
             ref_hidden = sequence_hidden(backbone, rollout, gate)
@@ -193,4 +193,4 @@ def score_rollout(
         if use_router:
             kl_act = two_class_kl(act_logp, ref_router.log_probs(ref_hidden))
     return StepScores(logp_tok=logp_tok, logp_act=logp_act, p_hard=p_hard, kl_tok=kl_tok, kl_act=kl_act,
-                      logp_latent=logp_latent, entropy=entropy)
+                      logp_soft_input=logp_soft_input, entropy=entropy)

@@ -23,7 +23,7 @@ What is overridden, and why:
 
 The router (and the gate) are registered as submodules of the PEFT model's base model, so
 the Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones.
-The router is trainable only under a rule that routes with it (``learned``, :mod:`tarpo.routing`); the baselines of
+The router is trainable only under a rule that routes with it (``learned``, :mod:`tarpo.algorithms`); the baselines of
 docs/algorithm.md §3 (``hard``, ``soft``, ``entropy``, ``hrpo``, ``soft_tokens``) are routings of the same trainer.
 """
 
@@ -43,17 +43,17 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotat
 
 from ..config import TarpoConfig
 from ..engine.backbone import Backbone, unwrap
-from ..engine.engine_choice import RunEngine, decoder_layers
-from ..engine.latent import GaussianSoftTokens, GumbelTopK, HrpoGate
+from ..engine.engine_choice import EngineChooser, decoder_layers
+from ..engine.soft_input import GaussianSoftTokens, GumbelTopK, HrpoGate
 from ..engine.precision import mixed_precision
-from ..engine.rollout import Rollout, RolloutSpec, hybrid_generate
+from ..engine.rollout import Policy, Rollout, RolloutSpec, hybrid_generate
 from ..engine.router import Router
-from ..engine.tagging import token_piece_fn
+from ..engine.tagging import token_text_fn
 from ..atomic_files import write_json_atomic
 from ..models.backends import make_backbone
 from ..models.loading import lora_config, new_router, stop_token_ids
 from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
-from ..routing import ROUTINGS
+from ..algorithms import ROUTINGS
 from ..tasks.prompts import count_too_long, encode_prompts
 from . import checkpoints, sharding
 from .grad_checkpointing import checkpointing_paused
@@ -99,7 +99,7 @@ class TarpoTrainer(GRPOTrainer):
                          processing_class=processing_class, peft_config=peft_config, **kwargs)
         peft_model = self.accelerator.unwrap_model(self.model)
         self.eos_token_ids = stop_token_ids(peft_model, self.processing_class)  # as eval stops (models/loading.py)
-        self.engine = RunEngine(self.args.rollout_engine, decoder_layers(peft_model))  # ENGINE=auto by cost
+        self.engine = EngineChooser(self.args.rollout_engine, decoder_layers(peft_model))  # ENGINE=auto by cost
         if "ref" in getattr(peft_model, "peft_config", {}):
             # TRL copies a passed-in adapter as "ref"; docs/algorithm.md §2's reference is the adapter disabled.
             peft_model.delete_adapter("ref")
@@ -109,7 +109,7 @@ class TarpoTrainer(GRPOTrainer):
         # DDP will train rank 0's on every rank, and the frozen reference must be that one too
         base.tarpo_router = same_on_every_rank(router.to(self.accelerator.device))
         self.ref_router = router.frozen_copy()
-        self.piece = token_piece_fn(self.processing_class)
+        self.token_text = token_text_fn(self.processing_class)
         self.rule = ROUTINGS[args.routing]
         self.use_router = self.rule.router
         self.loss_settings = LossSettings.of(args)  # built once: what tarpo_loss is computed with besides the batch
@@ -148,7 +148,7 @@ class TarpoTrainer(GRPOTrainer):
         return getattr(unwrap(self.accelerator.unwrap_model(self.model)), "tarpo_gate", None)
 
     @property
-    def latent(self):
+    def soft_module(self):
         """What soft steps feed besides the plain mixture: HRPO's gate, Soft Tokens' noise or the Gumbel draw."""
         return self.gate if self.gate is not None else self.noise
 
@@ -206,9 +206,10 @@ class TarpoTrainer(GRPOTrainer):
         with sharding.gathered(model), checkpointing_paused(model):
             backbone = make_backbone(model)
             with mixed_precision(backbone):
-                rollout = hybrid_generate(backbone, self.router, prompt_ids, prompt_mask, spec, self.piece,
-                                          self.eos_token_ids, self.processing_class.pad_token_id, latent=self.latent,
-                                          noise_seed=self._next_rollout_seed(), row_ids=rows)
+                policy = Policy(backbone, self.token_text, self.eos_token_ids, self.processing_class.pad_token_id,
+                                self.router, self.soft_module)
+                rollout = hybrid_generate(policy, prompt_ids, prompt_mask, spec, noise_seed=self._next_rollout_seed(),
+                                          row_ids=rows)
         self._engine_decided(time.perf_counter() - started, rollout.token_ids.shape[1])
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
@@ -283,7 +284,7 @@ class TarpoTrainer(GRPOTrainer):
                 scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
                                        temperature=args.temperature, chunk_size=args.logprob_chunk_size,
                                        use_router=self.use_router, with_reference=args.beta != 0.0,
-                                       token_kl=args.token_kl, latent=self.latent,
+                                       token_kl=args.token_kl, soft_module=self.soft_module,
                                        with_entropy=args.top_entropy_quantile < 1.0)
             return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
 
@@ -305,7 +306,7 @@ class TarpoTrainer(GRPOTrainer):
             settings=self.loss_settings, logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard,
             kl_tok=scores.kl_tok, kl_act=scores.kl_act, advantages=inputs["advantages"], completion_mask=mask,
             is_soft=rollout.is_soft, decided=rollout.decided, old_logp_tok=old_tok, old_logp_act=old_act,
-            logp_latent=scores.logp_latent, num_units=inputs["num_units"][0], is_weights=is_weights,
+            logp_soft_input=scores.logp_soft_input, num_units=inputs["num_units"][0], is_weights=is_weights,
             entropy_mask=entropy_mask)
         terms.update({f"importance_sampling/{k}": v for k, v in is_stats.items()})
         mode = "train" if self.model.training else "eval"

@@ -83,28 +83,28 @@ def hidden_and_logits(backbone, ids, mask):
 
 
 def rollout(backbone, router, tok, ids, mask, steps):
-    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
-    from tarpo.engine.tagging import token_piece_fn
+    from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.tagging import token_text_fn
     spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing="learned")
     gen = torch.Generator(ids.device).manual_seed(0)
-    r = hybrid_generate(backbone, router, ids, mask, spec, token_piece_fn(tok), [tok.eos_token_id],
-                        tok.pad_token_id, generator=gen)
+    r = hybrid_generate(Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router), ids, mask,
+                        spec, generator=gen)
     return {k: v.cpu() for k, v in vars(r).items()}
 
 
 def keyed_rollouts(backbone, router, tok, ids, mask, steps, hidden_size, device):
     """Rollouts of the fixed batch with keyed noise (seed 3) on both engines, learned and HRPO routing:
     ``{(routing, engine): record}``; any backend, so each can be compared with the others."""
-    from tarpo.engine.latent import HrpoGate
-    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
-    from tarpo.engine.tagging import token_piece_fn
+    from tarpo.engine.soft_input import HrpoGate
+    from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.tagging import token_text_fn
     out = {}
     for routing in ("learned", "hrpo"):
         gate = HrpoGate(hidden_size, seed=0).to(device) if routing == "hrpo" else None
         for engine in ("eager", "compiled"):
             spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing=routing, engine=engine)
-            r = hybrid_generate(backbone, router, ids, mask, spec, token_piece_fn(tok), [tok.eos_token_id],
-                                tok.pad_token_id, latent=gate, noise_seed=3)
+            policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router, gate)
+            r = hybrid_generate(policy, ids, mask, spec, noise_seed=3)
             out[routing, engine] = {k: v.cpu() for k, v in vars(r).items()}
     return out
 

@@ -27,7 +27,7 @@ import fsdp_cpu  # noqa: E402
 from live_storage import HeldStorage  # noqa: E402
 from tarpo.engine.backbone import Backbone  # noqa: E402
 from tarpo.engine.precision import mixed_precision  # noqa: E402
-from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.models.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm  # noqa: E402
 from tarpo.training import sharding  # noqa: E402
@@ -45,7 +45,7 @@ def rollout(model, router, c):
     with sharding.gathered(model), checkpointing_paused(model):  # as TarpoTrainer._generate
         backbone = Backbone(model)
         with mixed_precision(backbone):
-            return hybrid_generate(backbone, router, ids, mask, spec, lambda i: "x", [], 0, noise_seed=1)
+            return hybrid_generate(Policy(backbone, lambda i: "x", [], 0, router), ids, mask, spec, noise_seed=1)
 
 
 def train_step(wrapped, model, router, c):

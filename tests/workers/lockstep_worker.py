@@ -16,7 +16,7 @@ import torch.distributed as dist  # noqa: E402
 from accelerate import PartialState  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/ (helpers)
-from helpers import BiasedBackbone, decode_kwargs, encode_prompts  # noqa: E402
+from helpers import BiasedBackbone, policy_of, encode_prompts  # noqa: E402
 
 from tarpo.engine import static_decode  # noqa: E402
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate  # noqa: E402
@@ -73,7 +73,7 @@ def main(out):
         result = {}
         for mode, lockstep in (("lockstep", any_rank), ("alone", None)):
             counter.n = 0
-            r = hybrid_generate(backbone, router, enc.input_ids, enc.attention_mask, spec, **decode_kwargs(tok),
+            r = hybrid_generate(policy_of(backbone, tok, router), enc.input_ids, enc.attention_mask, spec,
                                 noise_seed=7, lockstep=lockstep)
             result[mode] = {"rollout": r.__dict__, "steps": counter.n}
         torch.save(result, os.path.join(out, f"rank{rank}-{engine}.pt"))

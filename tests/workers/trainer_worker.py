@@ -120,7 +120,7 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
     """The launcher's run; with ``gpu_choice``, ``ENGINE=auto`` chooses as on a GPU. Records which engine
     each rollout ran on."""
     import tarpo.engine.rollout as rollout
-    from tarpo.engine.engine_choice import RunEngine
+    from tarpo.engine.engine_choice import EngineChooser
     from tarpo.runs import launch
     from tarpo.tasks import graders
     from tarpo.training.trainer import TarpoTrainer
@@ -128,18 +128,18 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
     initial: dict = {}
     original = instrument(recorder, init, initial)
     graders.reward_function = lambda task: spread_reward
-    engines, compiled, eager, choose = [], rollout.compiled_generate, rollout._decode, RunEngine.next
+    engines, compiled, eager, choose = [], rollout.compiled_generate, rollout._decode, EngineChooser.next
     rollout.compiled_generate = lambda *a, **k: engines.append("compiled") or compiled(*a, **k)
     rollout._decode = lambda *a, **k: engines.append("eager") or eager(*a, **k)
     if gpu_choice:
-        RunEngine.next = lambda self, cuda: choose(self, True)
+        EngineChooser.next = lambda self, cuda: choose(self, True)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         status = launch.main(["gsm8k"])
     finally:
         TarpoTrainer.__init__ = original
-        rollout.compiled_generate, rollout._decode, RunEngine.next = compiled, eager, choose
+        rollout.compiled_generate, rollout._decode, EngineChooser.next = compiled, eager, choose
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     assert status == 0, f"the launcher exited with {status}"

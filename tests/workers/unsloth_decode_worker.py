@@ -32,8 +32,8 @@ def main(model_dir, adapter, out, repeated):
     from syncs import per_decode_step
     from tarpo.models.backends import UNSLOTH_DECODE_BUFFERS, UnslothBackbone, make_backbone
     from tarpo.patches import grouped_decode
-    from tarpo.engine.rollout import RolloutSpec, hybrid_generate
-    from tarpo.engine.tagging import token_piece_fn
+    from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.tagging import token_text_fn
 
     if repeated:
         grouped_decode.decode_function = lambda: unsloth_llama.LlamaModel_fast_forward_inference
@@ -64,8 +64,8 @@ def main(model_dir, adapter, out, repeated):
 
     ids, mask = fixed_batch(model.config.vocab_size, "cpu")
     spec = RolloutSpec(max_new_tokens=20, temperature=0.5, routing="learned", engine="eager")
-    per_step, r, syncs = per_decode_step(lambda: hybrid_generate(
-        backbone, router, ids, mask, spec, token_piece_fn(tok), [tok.eos_token_id], tok.pad_token_id, noise_seed=0))
+    policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router)
+    per_step, r, syncs = per_decode_step(lambda: hybrid_generate(policy, ids, mask, spec, noise_seed=0))
     left = [type(m).__name__ for m in model.modules() if set(UNSLOTH_DECODE_BUFFERS) & set(vars(m))]
     torch.save(dict(rollout={k: v for k, v in vars(r).items()}, calls=calls, refs=len(refs),
                     alive=sum(ref() is not None for ref in refs), modules_with_buffers=left,

@@ -28,10 +28,10 @@ ROUTER = "router"      # drawn from the router rho(.|h_t) (argmax in the greedy 
 
 # what a soft step feeds
 TOP_K = "top_k"              # the top-k mixture of tarpo.engine.mixture
-HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture (tarpo.engine.latent.HrpoGate)
-GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus Gaussian noise (tarpo.engine.latent.GaussianSoftTokens)
-GUMBEL = "gumbel_top_k"      # the top-k mixture with Gumbel-softmax weights (tarpo.engine.latent.GumbelTopK)
-# the mixture HRPO's gate blends (TarpoConfig.hrpo_mixture, tarpo.engine.latent.HrpoGate)
+HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture (tarpo.engine.soft_input.HrpoGate)
+GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus noise (tarpo.engine.soft_input.GaussianSoftTokens)
+GUMBEL = "gumbel_top_k"      # the top-k mixture with Gumbel-softmax weights (tarpo.engine.soft_input.GumbelTopK)
+# the mixture HRPO's gate blends (TarpoConfig.hrpo_mixture, tarpo.engine.soft_input.HrpoGate)
 HRPO_MIXTURES = ("full", "top_k")
 
 

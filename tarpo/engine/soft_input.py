@@ -43,7 +43,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..routing import HRPO_MIXTURES
+from ..algorithms import HRPO_MIXTURES
 from .precision import full_precision
 
 HRPO_WEIGHTS = "hrpo_gate.safetensors"
