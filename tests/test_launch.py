@@ -139,6 +139,7 @@ MISSPELT = [  # (the environment, the refusal): names a new user tries, and what
     ({"LORA_RANK": "8"}, "LORA_RANK=8: not a launcher variable, so it would be ignored; did you mean LORA_R, "),
     ({"NUM_GENERATIONS": "4"}, "did you mean GROUP_SIZE?"), ({"LAMDA": "0.1"}, "did you mean LAMBDA?"),
     ({"beta": "0.01"}, "beta=0.01: not a launcher variable, so it would be ignored; did you mean BETA?"),
+    ({"OUTPUT_DIR": "/tmp/runs"}, "did you mean OUT_DIR?"),  # TRL's output_dir
 ]
 
 

@@ -161,6 +161,7 @@ SETTINGS = {
 # ---- names a user may try for a variable (refused by resolve(), since the launcher ignores unknown names)
 # TarpoConfig's (TRL's) name of a field, where the variable's name differs: IMPORTANCE_SAMPLING_LEVEL -> IS_LEVEL
 ALIASES = {field.upper(): name for name, (field, _) in VARIABLES.items() if field.upper() != name}
+ALIASES.update(OUTPUT_DIR="OUT_DIR", MODEL_NAME_OR_PATH="MODEL")  # TRL's names of two launcher settings
 # first words that begin the launcher's names of TARPO's settings and no other program's variable
 FAMILIES = ("ACTION", "ENTROPY", "EPSILON", "GUMBEL", "HRPO", "LORA", "NOISE", "ROUTER", "SOFT")
 

@@ -6,11 +6,11 @@ the same saved weights, and compares what they wrote. For each case of :data:`CA
 ``python -m tarpo.runs.launch gsm8k`` in this process (:func:`tarpo.runs.launch.main`: the presets, the
 memory plan's micro-batch, ``training_policy``, ``TarpoTrainer``, checkpoints), twice:
 
-- **run A**: ``MAX_STEPS=6``, a checkpoint every 2 steps; the loss, every trainable tensor's gradient
+- **run A**: ``MAX_STEPS=4``, a checkpoint every 2 steps; the loss, every trainable tensor's gradient
   (after clipping, before the optimizer) and value after each optimizer step; a :mod:`growth` snapshot
-  when training begins and after steps 2 and 6;
+  when training begins and after steps 2 and 4;
 - **run B**: a new run folder holding a copy of run A's ``checkpoint-2``; the launcher resumes from it and
-  is stopped after step 3 (the same 6-step schedule), recorded the same way.
+  is stopped after step 3 (the same 4-step schedule), recorded the same way.
 
 The initial LoRA (and router) tensors of the Unsloth run are written to ``--init-out``; the transformers
 run loads them with ``--init-from`` into the model it built, so that both start from the same point (each
@@ -44,7 +44,7 @@ CASES = {"qwen2-tarpo": ("qwen2", "tarpo", {}), "qwen2-hrpo": ("qwen2", "hrpo", 
          # ENGINE=auto as on a GPU (the engine choice told CUDA is there): the compiled engine, no resume
          "qwen2-tarpo-gpu-choice": ("qwen2", "tarpo", {})}
 GPU_CHOICE = {"qwen2-tarpo-gpu-choice"}
-STEPS, RESUME_AT, STOP_AT = 6, 2, 3
+STEPS, RESUME_AT, STOP_AT = 4, 2, 3
 
 
 def launcher_env(model: str, data: str, run_dir: str, algo: str, backend: str) -> dict:
