@@ -92,7 +92,7 @@ def test_baseline_settings_as_their_authors_run_them():
                          ({"ENTROPY_TEMPERATURE": "0"}, "ENTROPY_TEMPERATURE=0.0: must be > 0"),
                          ({"ENGINE": "fast"}, "ENGINE='fast': must be one of auto, eager, compiled")]:
         with pytest.raises(ValueError, match=message):
-            trainer_arguments(resolve("math", {"ALGO": "hrpo", **env}))
+            trainer_arguments(resolve("math", {"ALGO": "hrpo", **env}), cuda=False)
 
 
 def test_a_dry_run_on_a_gpu_with_unsloth_resolves_the_compiled_engine(monkeypatch, capsys):
@@ -107,7 +107,7 @@ def test_a_dry_run_on_a_gpu_with_unsloth_resolves_the_compiled_engine(monkeypatc
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "unsloth" else find_spec(name, *a))
-    monkeypatch.setattr(launch, "trainer_arguments", lambda cfg, whole_step: None)  # it would ask for a bf16 GPU
+    monkeypatch.setattr(launch, "trainer_arguments", lambda cfg, cuda, whole_step: None)  # it would ask for a bf16 GPU
     status, out, err = run_launcher(monkeypatch, capsys, "math", DRY_RUN="1")
     assert status == 0, err
     cfg = json.loads(out.strip().splitlines()[-1])

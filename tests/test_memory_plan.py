@@ -252,7 +252,7 @@ def fake_gpu(monkeypatch, gib):
 def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
     from tarpo.runs import launch
     fake_gpu(monkeypatch, 40)
-    monkeypatch.setattr(launch, "trainer_arguments", lambda cfg, whole_step: None)  # it would ask for a bf16 GPU
+    monkeypatch.setattr(launch, "trainer_arguments", lambda cfg, cuda, whole_step: None)  # it would ask for a bf16 GPU
     status, out, err = run_launcher(monkeypatch, capsys, "math", MODEL="qwen2.5-3b", DRY_RUN="1")
     assert status == 0, err
     plan = json.loads(out.strip().splitlines()[-1])["memory_plan"]

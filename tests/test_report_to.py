@@ -25,7 +25,7 @@ def test_an_unknown_integration_is_refused_naming_report_to_before_anything_load
     from tarpo.runs.presets import resolve
 
     with pytest.raises(ValueError, match=r"^REPORT_TO='tensorbord': tensorbord is not supported, only .*tensorboard"):
-        trainer_arguments(resolve("math", {"REPORT_TO": "tensorbord"}))
+        trainer_arguments(resolve("math", {"REPORT_TO": "tensorbord"}), cuda=False)
 
 
 def test_two_steps_reported_to_tensorboard_hold_the_loss_reward_and_router_scalars(tmp_path, monkeypatch, capsys):

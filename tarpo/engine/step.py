@@ -45,8 +45,8 @@ from .sampling import (STREAM_GAUSSIAN, STREAM_GUMBEL, STREAM_ROUTE, STREAM_TOKE
 
 
 class Policy(NamedTuple):
-    """The model side of a rollout, the same for every rollout of a run: what decodes and routes, and how the
-    tokenizer's ids read. The trainer and the evaluation build it once per rollout from parts they keep."""
+    """The model side of a rollout: what decodes and routes, and how the tokenizer's ids read. The trainer and
+    the evaluation build it from parts they keep (the trainer once per rollout, as its backbone is remade)."""
 
     backbone: object                 # tarpo.engine.backbone.Backbone: the policy's embedding, decoder and head
     token_text: Callable[[int], str]  # token id -> text, read by the answer tag's automaton (tagging.token_text_fn)

@@ -103,9 +103,9 @@ def tables(token_text, tag: str, vocab: int, device) -> tuple[torch.Tensor, torc
     """:func:`build`'s tables for a token-text function (:func:`tarpo.engine.tagging.token_text_fn`) on
     ``device``, built once (it decodes every id: a few seconds for a 150k vocabulary) and kept while
     ``token_text`` lives."""
-    per_piece = _TABLES.setdefault(token_text, {})
+    cached = _TABLES.setdefault(token_text, {})
     key = (tag, vocab, str(device))
-    if key not in per_piece:
+    if key not in cached:
         nxt, hit = build([token_text(i) for i in range(vocab)], tag)
-        per_piece[key] = (nxt.to(device), hit.to(device))
-    return per_piece[key]
+        cached[key] = (nxt.to(device), hit.to(device))
+    return cached[key]

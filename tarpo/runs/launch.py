@@ -134,16 +134,15 @@ def check_data(cfg: LaunchConfig) -> None:
                              f"{', '.join(cfg.eval_tasks)})")
 
 
-def trainer_arguments(cfg: LaunchConfig, whole_step: bool = False):
+def trainer_arguments(cfg: LaunchConfig, cuda: bool, whole_step: bool = False):
     """The run's :class:`tarpo.config.TarpoConfig`, built from ``cfg.trainer`` alone, once, before anything is
     loaded or written; an invalid field is reported under the launcher variable that sets it, as are a BACKEND
-    that is not installed and a REPORT_TO integration that cannot start. bf16 without CUDA trains with
+    that is not installed and a REPORT_TO integration that cannot start. bf16 without ``cuda`` trains with
     ``use_cpu``.
 
     ``whole_step``: in the process that starts the run's processes (which trains nothing), TRL's batch checks
     see the whole step's completions, as they will across NUM_PROCESSES processes. Building it writes no file.
     """
-    import torch
     from transformers.integrations import get_reporting_integration_callbacks
 
     from ..config import TarpoConfig
@@ -151,7 +150,7 @@ def trainer_arguments(cfg: LaunchConfig, whole_step: bool = False):
     t = dict(cfg.trainer)
     if whole_step:
         t["per_device_train_batch_size"] *= cfg.num_processes
-    if t["bf16"] and not torch.cuda.is_available():
+    if t["bf16"] and not cuda:
         t["use_cpu"] = True
     try:
         args = TarpoConfig(**t)
@@ -356,7 +355,7 @@ def main(argv=None) -> int:
         cfg = plan_memory(cfg, cuda)  # the GPU's plan, in the launcher's precision
         if not cfg.dry_run:  # DRY_RUN=1 shows what a GPU would train
             cfg = cfg.on_device(cuda)
-        args = trainer_arguments(cfg, whole_step=starts)  # the run's one TarpoConfig, before anything loads
+        args = trainer_arguments(cfg, cuda, whole_step=starts)  # the run's one TarpoConfig, before anything loads
         if not cfg.dry_run:
             check_processes(cfg, torch.cuda.device_count() if cuda else 0, cpu_requested())
     except ValueError as exc:
