@@ -3,6 +3,7 @@
 # keeping that torch. From the repository root, in the environment that holds the torch:
 #   bash scripts/install_gpu.sh                        # PYTHON=... picks the interpreter (default: python)
 #   DRY_RUN_REPORT=/tmp/gpu bash scripts/install_gpu.sh # pip's --dry-run --report /tmp/gpu-{1,2}.json; installs nothing
+#   WHEELS=.whl bash scripts/install_gpu.sh            # offline: only the wheels in that folder (and what is installed)
 # unsloth declares torchvision and xformers, and each release of either is built for one torch: a resolving
 # `pip install unsloth` over an installed torch can replace it (or fail offline). So: the project and what
 # Unsloth needs (requirements-gpu.txt), with the installed torch as a constraint (pip fails rather than
@@ -17,13 +18,18 @@ fi
 constraint=$(mktemp)
 trap 'rm -f "$constraint"' EXIT
 echo "torch==$torch_version" > "$constraint"
+offline=()
+if [ -n "${WHEELS:-}" ]; then  # a machine without an index (benchmarks/fetch_gpu_wheels.sh builds such a folder)
+  [ -d "$WHEELS" ] || { echo "install_gpu.sh: WHEELS=$WHEELS is not a folder" >&2; exit 2; }
+  offline=(--no-index --find-links "$WHEELS" --no-build-isolation)
+fi
 n=0
 pip() {
   n=$((n + 1))
   if [ -n "${DRY_RUN_REPORT:-}" ]; then
-    "$PYTHON" -m pip install --dry-run --report "$DRY_RUN_REPORT-$n.json" "$@"
+    "$PYTHON" -m pip install ${offline[@]+"${offline[@]}"} --dry-run --report "$DRY_RUN_REPORT-$n.json" "$@"
   else
-    "$PYTHON" -m pip install "$@"
+    "$PYTHON" -m pip install ${offline[@]+"${offline[@]}"} "$@"
   fi
 }
 pip -c "$constraint" -e ".${EXTRAS:+[$EXTRAS]}" -r requirements-gpu.txt

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
+import torch
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
@@ -64,3 +66,42 @@ class ProgressBar(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.bar.close()
+
+
+def forward_hook_count(model) -> int:
+    """Forward and forward-pre hooks registered on ``model`` and its submodules: constant from step to
+    step in a healthy run (a hook added per step and never removed would grow it)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+class StepResources(TrainerCallback):
+    """Adds to each optimizer step's log what the step cost: ``timing/step_s`` (wall seconds of the step,
+    rollout and every micro-batch's forward/backward included, checkpoint saving not),
+    ``memory/peak_gib`` (CUDA only: the peak of ``torch.cuda.max_memory_allocated`` during the step, set
+    back at its start; compare with the run's memory plan in launch_config.json) and
+    ``hooks/forward`` (:func:`forward_hook_count` at the step's end). The trainer's rollout adds
+    ``timing/rollout_s``; the training part of a step is ``timing/step_s`` less its rollouts.
+
+    It writes into the trainer's metrics of the step (``metrics``: TRL's ``_metrics["train"]``, averaged
+    into the step's log record), so every logger (metrics.jsonl, REPORT_TO) sees the same numbers."""
+
+    def __init__(self, metrics, model_fn):
+        self.metrics, self.model_fn, self.started = metrics, model_fn, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.started is None:
+            return
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda:
+            torch.cuda.synchronize()
+        self.metrics["timing/step_s"].append(time.perf_counter() - self.started)
+        if cuda:
+            self.metrics["memory/peak_gib"].append(torch.cuda.max_memory_allocated() / 2**30)
+        self.metrics["hooks/forward"].append(float(forward_hook_count(self.model_fn())))
+        self.started = None

@@ -56,6 +56,7 @@ from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
 from ..algorithms import ROUTINGS
 from ..tasks.prompts import count_too_long, encode_prompts
 from . import checkpoints, sharding
+from .callbacks import StepResources
 from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
 from .objective import LossSettings, group_advantages, high_entropy_mask, mismatch_weights, tarpo_loss
@@ -121,6 +122,7 @@ class TarpoTrainer(GRPOTrainer):
         self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
                       if self.rule.gaussian else GumbelTopK(args.gumbel_temperature) if self.rule.gumbel else None)
         self._seed_step, self._seed_index = None, 0
+        self.add_callback(StepResources(self._metrics["train"], lambda: self.model))  # timing/, memory/, hooks/
         if sharding.check_sharding(self.accelerator):  # FSDP2: accelerate shards the model when training starts
             sharding.prepare(self.accelerator, [p for p in peft_model.parameters() if p.requires_grad])
         check_overrides(self, TarpoTrainer)
@@ -210,7 +212,9 @@ class TarpoTrainer(GRPOTrainer):
                                 self.router, self.soft_module)
                 rollout = hybrid_generate(policy, prompt_ids, prompt_mask, spec, noise_seed=self._next_rollout_seed(),
                                           row_ids=rows)
-        self._engine_decided(time.perf_counter() - started, rollout.token_ids.shape[1])
+        seconds = time.perf_counter() - started
+        self._metrics[mode]["timing/rollout_s"].append(seconds)
+        self._engine_decided(seconds, rollout.token_ids.shape[1])
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)

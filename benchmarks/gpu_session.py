@@ -1,0 +1,157 @@
+"""Helpers of benchmarks/gpu_session.sh, the two calls of a 15-minute GPU session (docs/gpu/README.md).
+
+    python benchmarks/gpu_session.py model DIR SHAPE          # random weights of SHAPE (1.5b | 3b | tiny), bf16
+    python benchmarks/gpu_session.py data DIR SHARED_DATA      # GSM8K rows, and MATH rows padded past 1,024 tokens
+    python benchmarks/gpu_session.py decode MODEL JSON [--tiny] # the compiled step: learned / all-hard / all-soft rows
+    python benchmarks/gpu_session.py steps RUN_DIR JSON         # a launcher run's per-step figures beside its plan
+    python benchmarks/gpu_session.py record JSON KEY VALUE      # merge one result into the session's JSON
+
+``decode`` loads MODEL on the default backend (Unsloth on CUDA where installed), decodes a batch of 64
+left-padded prompts with the compiled engine (CUDA graphs), and times the step for the router's learned
+bias (b0 = [2.2, 0]), then with every row hard and every row soft: the router's bias is changed in place,
+so the captured graph is the same one. Its floor is the weight bytes over the device's measured copy
+bandwidth (bytes read and written), i.e. reading every weight once per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def record(path: str, key: str, value) -> None:
+    from tarpo.atomic_files import write_json_atomic
+    merged = json.load(open(path)) if os.path.exists(path) else {}
+    merged[key] = value
+    write_json_atomic(path, merged)
+
+
+def make_model(root: str, shape: str) -> None:
+    import torch
+
+    from tarpo.models.tiny import QWEN25_3B, QWEN25_15B, random_model_dir
+    from gpu_bench import TINY
+    config = {"1.5b": QWEN25_15B, "3b": QWEN25_3B, "tiny": TINY}[shape]
+    random_model_dir(root, config, torch.bfloat16)
+
+
+def make_data(root: str, shared: str) -> None:
+    """``gsm8k.jsonl``: the first 64 GSM8K training rows. ``math_long.jsonl``: 16 MATH training rows whose
+    problem is followed by filler, so that every prompt is cut to MAX_PROMPT_LENGTH (the paper's 1,024)."""
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(shared, "gsm8k", "train.jsonl")) as f, open(os.path.join(root, "gsm8k.jsonl"), "w") as g:
+        for _, line in zip(range(64), f):
+            g.write(line)
+    filler = " ".join(f"Note {i}: the value of x{i} is {i * 7 % 97}." for i in range(400))
+    with open(os.path.join(shared, "math", "train.jsonl")) as f, open(os.path.join(root, "math_long.jsonl"), "w") as g:
+        for _, line in zip(range(16), f):
+            row = json.loads(line)
+            row["problem"] = filler + "\n\n" + row["problem"]
+            g.write(json.dumps(row) + "\n")
+
+
+def decode(model_dir: str, out: str, tiny: bool = False) -> None:
+    import torch
+
+    from gpu_bench import copy_bandwidth, sync
+    from tarpo.config import TarpoConfig
+    from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.router import Router
+    from tarpo.engine.tagging import token_text_fn
+    from tarpo.models.backends import make_backbone
+    from tarpo.models.loading import load_tokenizer, resolve_backend, training_policy
+    from tarpo.models.tiny import left_padded_prompts
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    batch, prompt_len, new_tokens = (4, 16, 8) if tiny else (64, 256, 256)
+    backend = resolve_backend("auto")
+    config = TarpoConfig(output_dir="/tmp/gpu-session-decode", lora_r=32, lora_alpha=64, bf16=cuda,
+                         max_prompt_length=prompt_len, max_completion_length=new_tokens, report_to="none")
+    t0 = time.perf_counter()
+    model = training_policy(model_dir, config, backend, "bfloat16" if cuda else "float32")
+    if backend == "hf":
+        from peft import get_peft_model
+
+        from tarpo.models.loading import lora_config
+        model = get_peft_model(model.to(device), lora_config(config))
+    model.eval()
+    res = {"backend": backend, "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
+           "load_s": time.perf_counter() - t0}
+    tok = load_tokenizer(model_dir)
+    router = Router(model.config.hidden_size, bias=[2.2, 0.0]).to(device)
+    prompts, mask = left_padded_prompts(batch, prompt_len, model.config.vocab_size, tok.pad_token_id)
+    prompts, mask = prompts.to(device), mask.to(device)
+    spec = RolloutSpec(max_new_tokens=new_tokens, temperature=0.5, routing="learned", engine="compiled",
+                       max_prompt_length=prompt_len, batch_size=batch)
+    token_text = token_text_fn(tok)
+
+    def rollout():
+        sync()
+        start = time.perf_counter()
+        r = hybrid_generate(Policy(make_backbone(model), token_text, [tok.eos_token_id], tok.pad_token_id, router),
+                            prompts, mask, spec)
+        sync()
+        return time.perf_counter() - start, r
+
+    first, _ = rollout()  # compile + capture + one rollout
+    for name, bias in (("learned", [2.2, 0.0]), ("hard", [30.0, -30.0]), ("soft", [-30.0, 30.0])):
+        with torch.no_grad():
+            router.proj.bias.copy_(torch.tensor(bias))
+        times, r = [], None
+        for _ in range(3):
+            t, r = rollout()
+            times.append(t)
+        t = statistics.median(times)
+        res[name] = {"rollout_s": t, "step_ms": 1000 * t / r.token_ids.shape[1],
+                     "soft_ratio": float(r.is_soft.sum() / r.units.sum())}
+        record(out, "decode", res)
+    res["first_rollout_s"] = first
+    res["compile_and_capture_s"] = first - res["learned"]["rollout_s"]
+    res["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    res["copy_bandwidth"] = copy_bandwidth(device)
+    res["floor_ms"] = 1000 * res["weight_bytes"] / (res["copy_bandwidth"] / 2)  # read once: half a copy's bytes
+    res["learned_over_floor"] = res["learned"]["step_ms"] / res["floor_ms"]
+    res["soft_over_hard"] = res["soft"]["step_ms"] / res["hard"]["step_ms"]
+    record(out, "decode", res)
+    print(json.dumps(res, indent=1))
+
+
+def steps(run_dir: str, out: str) -> None:
+    """Per step of a launcher run: rollout, training (the step less its rollout), peak memory, hooks;
+    beside the run's memory plan."""
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if '"loss"' in line]
+    plan = json.load(open(os.path.join(run_dir, "launch_config.json")))["memory_plan"]
+    keep = ("timing/rollout_s", "timing/step_s", "memory/peak_gib", "hooks/forward", "loss", "grad_norm",
+            "soft_ratio", "completions/mean_units")
+    table = []
+    for r in rows:
+        entry = {"step": r["step"], **{k: r[k] for k in keep if k in r}}
+        if "timing/step_s" in r and "timing/rollout_s" in r:
+            entry["train_s"] = r["timing/step_s"] - r["timing/rollout_s"]
+        table.append(entry)
+    engine = os.path.join(run_dir, "rollout_engine.json")
+    res = {"steps": table, "plan": plan, "engine_choice": json.load(open(engine)) if os.path.exists(engine) else None}
+    record(out, os.path.basename(run_dir.rstrip("/")), res)
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    cmd, *rest = sys.argv[1:]
+    if cmd == "model":
+        make_model(*rest)
+    elif cmd == "data":
+        make_data(*rest)
+    elif cmd == "decode":
+        decode(rest[0], rest[1], tiny="--tiny" in rest)
+    elif cmd == "steps":
+        steps(*rest)
+    elif cmd == "record":
+        record(rest[0], rest[1], json.loads(rest[2]))
+    else:
+        sys.exit(f"unknown command {cmd}: see the head of {__file__}")
