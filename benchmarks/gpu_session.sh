@@ -97,8 +97,8 @@ case $CALL in
     timed model15 120 "$PY" benchmarks/gpu_session.py model /tmp/session-q15 $SHAPE15
     common=(MODEL=/tmp/session-q15 DATA_PATH=.gpu-data/gsm8k.jsonl RUN_NAME=gsm8k-default SAVE_STEPS=1
             MAX_COMPLETION_LENGTH=$NEW CPU_MAX_HOURS=2)
-    launch launch-2-steps $(( $(left) - 150 )) run_gsm8k.sh "${common[@]}" MAX_STEPS=2
-    launch launch-resume $(( $(left) - 120 )) run_gsm8k.sh "${common[@]}" MAX_STEPS=3
+    launch launch-2-steps $(( $(left) - 120 )) run_gsm8k.sh "${common[@]}" MAX_STEPS=2
+    launch launch-resume $(( $(left) - 60 )) run_gsm8k.sh "${common[@]}" MAX_STEPS=3
     tar czf "$DEST/call1-run.tgz" -C /tmp/session-runs gsm8k-default --exclude='*.safetensors' --exclude='*.pt' \
       --exclude='*.bin' 2>/dev/null
     timed test_gpu $(( $(left) - 10 )) bash -c 'cd tests && exec "$0" -m pytest -q -p no:cacheprovider --rootdir=.. \
