@@ -37,7 +37,8 @@ def make_model(root: str, shape: str) -> None:
     from tarpo.models.tiny import QWEN25_3B, QWEN25_15B, random_model_dir
     from gpu_bench import TINY
     config = {"1.5b": QWEN25_15B, "3b": QWEN25_3B, "tiny": TINY}[shape]
-    random_model_dir(root, config, torch.bfloat16)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # a 3B init on the CPU takes a minute
+        random_model_dir(root, config, torch.bfloat16)
 
 
 def make_data(root: str, shared: str) -> None:

@@ -61,9 +61,9 @@ install() {  # scripts/install_gpu.sh, offline from the carried wheels; the torc
   "$PY" -m pip list 2>/dev/null | grep -iE '^(torch|transformers|trl|peft|accelerate|datasets|bitsandbytes|unsloth|unsloth.zoo|triton|tarpo|tqdm|matplotlib) ' \
     | tee "$DEST/pip-list.txt"
   if [ $rc != 0 ]; then  # the kit alone, as benchmarks/gpu_check.sh installs it, so that the rest still runs
-    say "install_gpu.sh failed; installing the kit with benchmarks/gpu_check.sh instead"
-    SITE=/tmp/tarpo-site PYTHON=$PY BUDGET=0 bash benchmarks/gpu_check.sh install
-    export PYTHONPATH=/tmp/tarpo-site${PYTHONPATH:+:$PYTHONPATH}
+    say "install_gpu.sh failed; installing the wheels and the project (editable) without their dependencies"
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation "$wheels"/*.whl -e . \
+      || say "the fallback install failed too"
   fi
   "$PY" -c 'import tarpo.patches as p; p.check_versions(); p.check_source(); print("tarpo.patches checks pass")'
 }
@@ -107,7 +107,7 @@ case $CALL in
   call2)
     install
     timed model3 120 "$PY" benchmarks/gpu_session.py model /tmp/session-q3 $SHAPE3
-    launch launch-math-step $(( $(left) - 150 )) run_math.sh MODEL=/tmp/session-q3 DATA_PATH=.gpu-data/math_long.jsonl \
+    launch launch-math-step $(( $(left) - 20 )) run_math.sh MODEL=/tmp/session-q3 DATA_PATH=.gpu-data/math_long.jsonl \
       RUN_NAME=math-paper MAX_STEPS=1 SAVE_STEPS=1 MAX_PROMPT_LENGTH=$PLONG MAX_COMPLETION_LENGTH=$LONG CPU_MAX_HOURS=2
     timed decode-run $(( $(left) - 10 )) "$PY" benchmarks/gpu_session.py decode /tmp/session-q3 "$JSON" \
       $([ "$CPU" = 1 ] && echo --tiny);;

@@ -21,6 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     reason="needs a CUDA GPU and Unsloth (scripts/install_gpu.sh)")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "workers"))
+from backend_worker import compare, prepare  # noqa: E402  at collection, so a CPU run sees a broken import too
 
 
 def run_worker(*args):
@@ -31,7 +33,6 @@ def run_worker(*args):
 
 @pytest.fixture(scope="module")
 def agreement(tmp_path_factory):
-    from backend_worker import compare, prepare
     from tarpo.models.tiny import QWEN25_15B
     root = tmp_path_factory.mktemp("qwen")
     base, adapter = prepare(str(root), QWEN25_15B, torch.bfloat16)
