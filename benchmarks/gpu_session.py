@@ -25,10 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def record(path: str, key: str, value) -> None:
-    from tarpo.atomic_files import write_json_atomic
+    """Merge ``{key: value}`` into the JSON file ``path`` (replaced atomically; no tarpo import: it records a
+    failed install too)."""
     merged = json.load(open(path)) if os.path.exists(path) else {}
     merged[key] = value
-    write_json_atomic(path, merged)
+    with open(path + ".tmp", "w") as f:
+        json.dump(merged, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def make_model(root: str, shape: str) -> None:
