@@ -49,7 +49,7 @@ rec where "{\"date\": \"$(date -u +%FT%TZ)\", \"gpu\": \"$(nvidia-smi --query-gp
 
 install() {  # scripts/install_gpu.sh, offline from the carried wheels; the torch before and after
   if [ "$CPU" = 1 ]; then return 0; fi
-  if "$PY" -c 'import tarpo, unsloth, trl' >/dev/null 2>&1; then say "installed already"; return 0; fi
+  if (cd /tmp && "$PY" -c 'import tarpo.patches, unsloth, trl') >/dev/null 2>&1; then say "installed already"; return 0; fi
   local before after wheels=/tmp/session-wheels
   before=$("$PY" -c 'import torch; print(torch.__version__)')
   rm -rf "$wheels" && mkdir -p "$wheels" && cp .whl/*.whl .whl-extra/*.whl "$wheels/"

@@ -63,6 +63,16 @@ class EmbeddingOverride:
         self.handle.remove()
 
 
+def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The ``[B, 1, 1, L]`` float mask of a 2-D padding mask: 0 where attended, the dtype's lowest where not.
+
+    >>> additive_mask(torch.tensor([[0, 1, 1]]), torch.bfloat16).tolist()
+    [[[[-3.3895313892515355e+38, 0.0, 0.0]]]]
+    """
+    return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill_(
+        attention_mask == 0, torch.finfo(dtype).min)[:, None, None, :]
+
+
 class UnslothBackbone(Backbone):
     """Drives Unsloth's fast decode path (``tarpo.patches`` applied to the model): the eager engine's
     decode on the Unsloth backend (the compiled engine reads the model's tensors instead,
@@ -117,10 +127,12 @@ class UnslothBackbone(Backbone):
         self.override.set(inputs_embeds)
         self.base._tarpo_hidden = None
         # return_dict: Unsloth's decode branch returns a plain tuple unless asked (it fills the
-        # default only on its other branch). The mask goes in as the [B, 1, 1, L] boolean mask Unsloth would
-        # build from the 2-D one: from a 2-D mask it first asks whether the mask is all ones, a host sync
-        # at every step (unsloth/models/_attn_mask_compat.py, _ignore_causal_mask_sdpa).
-        out = class_forward(self.model)(input_ids=token_ids, attention_mask=attention_mask[:, None, None, :].bool(),
+        # default only on its other branch). The mask goes in as the [B, 1, 1, L] additive float mask Unsloth
+        # would build from the 2-D one: from a 2-D mask it first asks whether the mask is all ones, a host sync
+        # at every step (unsloth/models/_attn_mask_compat.py, _ignore_causal_mask_sdpa); a boolean one is
+        # refused on CUDA by its _unmask_unattended (a branch the CPU never takes: tests/workers/unsloth_cpu.py).
+        out = class_forward(self.model)(input_ids=token_ids, attention_mask=additive_mask(attention_mask,
+                                                                                         inputs_embeds.dtype),
                                         position_ids=position_ids, past_key_values=self._past, use_cache=True,
                                         return_dict=True)
         self.override.pending = None

@@ -10,6 +10,10 @@ used outside the tests):
 - its two Triton kernels on the prefill and training path, ``fast_rms_layernorm`` and
   ``fast_rope_embedding``, become the same arithmetic in eager torch.
 
+And one branch that Unsloth takes only on a GPU is taken here too, so that the CPU sees the GPU's rule
+(:func:`cuda_branches_on_cpu`): its SDPA mask preparation's ``_unmask_unattended``, which refuses a boolean
+mask (on the H100, the eager Unsloth decode failed there while every CPU test passed).
+
 Everything else that runs is Unsloth's own: the class forwards its ``pre_patch`` installs,
 ``CausalLM_fast_forward``, the single-token decode with its paged K/V buffers (already
 plain torch), ``for_inference``/``for_training``, the LoRA decode branch with its
@@ -79,6 +83,37 @@ def install() -> None:
     llama.DEVICE_TYPE_TORCH = "cpu"
     llama.fast_rms_layernorm = rms_layernorm
     llama.fast_rope_embedding = rope_embedding
+    cuda_branches_on_cpu()
+
+
+# (module, function, the CUDA-only condition as Unsloth 2026.10.7 writes it, what it becomes here)
+CUDA_ONLY = [("unsloth.models._attn_mask_compat", "_prepare_4d_causal_attention_mask_for_sdpa",
+              'expanded_4d_mask.device.type in ["cuda", "xpu"]',
+              'expanded_4d_mask.device.type in ["cuda", "xpu", "cpu"]')]
+
+
+def cuda_branches_on_cpu() -> None:
+    """Re-define each function of CUDA_ONLY from its own source with the device condition widened to the CPU,
+    and rebind it wherever Unsloth imported it by name. A source without the condition fails here, loudly:
+    the pinned Unsloth changed, and what the GPU runs must be read again."""
+    import importlib
+    import inspect
+    import sys
+    import textwrap
+
+    for module_name, name, condition, widened in CUDA_ONLY:
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+        source = textwrap.dedent(inspect.getsource(original))
+        if source.count(condition) != 1:
+            raise RuntimeError(f"{module_name}.{name} no longer reads {condition!r}: "
+                               "update tests/workers/unsloth_cpu.py")
+        scope = dict(module.__dict__)
+        exec(compile(source.replace(condition, widened), inspect.getsourcefile(original), "exec"), scope)
+        widened_fn = scope[name]
+        for other in list(sys.modules.values()):
+            if getattr(other, "__name__", "").startswith("unsloth") and getattr(other, name, None) is original:
+                setattr(other, name, widened_fn)
 
 
 class _Stream:
