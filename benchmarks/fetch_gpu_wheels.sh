@@ -38,6 +38,7 @@ unsloth==2026.10.7 --hash=sha256:3ffd1dc001d799eb4ec5a955852f41a3505febb9075504b
 unsloth_zoo==2026.10.7 --hash=sha256:4161df8e5a057df76278b2270341b5b55fe2138c2bf8cc39b271522616d4959c
 torchao==0.18.0 --hash=sha256:5c2b4485341bf28b7fed2c4fc95b9f298e209f41685350f067de85527a05585e
 cut_cross_entropy==25.1.1 --hash=sha256:e46f26d348f6a67927d17e65c5a212e795be13dcad5b10a77a200d6b8102d9d1
+fsspec==2026.2.0 --hash=sha256:98de475b5cb3bd66bedd5c4679e87b4fdfe1a3bf4d707b151b3c07e58c9a2437
 EOF
 mkdir "$WORK/kit"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --require-hashes --python-version 3.12 --implementation cp \
@@ -45,7 +46,7 @@ mkdir "$WORK/kit"
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
   -d "$WORK/kit" -r "$WORK/requirements.txt" 2>"$WORK/pip.log" \
   || { cat "$WORK/pip.log" >&2; die "pip download failed (no network, or a pinned file or hash is gone from PyPI)"; }
-[ "$(ls "$WORK/kit"/*.whl | wc -l)" -eq 13 ] || die "expected 13 wheels, got: $(ls "$WORK/kit")"
+[ "$(ls "$WORK/kit"/*.whl | wc -l)" -eq 14 ] || die "expected 14 wheels, got: $(ls "$WORK/kit")"
 
 # wheel.py slim WHEEL DROP_REGEX [NAME=TEXT ...]: remove the entries matching DROP_REGEX, replace NAME's
 # content, rewrite RECORD. wheel.py check WHEEL...: every entry is in RECORD with the right hash and size.

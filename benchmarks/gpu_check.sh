@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 
 KIT = ("trl", "peft", "datasets", "dill", "multiprocess", "math-verify", "latex2sympy2_extended",
-       "antlr4-python3-runtime", "bitsandbytes", "unsloth", "unsloth_zoo", "torchao", "cut_cross_entropy")
+       "antlr4-python3-runtime", "bitsandbytes", "unsloth", "unsloth_zoo", "torchao", "cut_cross_entropy", "fsspec")
 LEFT_OUT = ("tyro", "diffusers", "hf-transfer", "hf_transfer", "pydantic", "xformers", "msgspec", "structlog",
             "nest-asyncio", "nest_asyncio")  # benchmarks/gpu_wheels.md says why
 

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # A GPU session of the device tool in two calls (docs/gpu/README.md: 15 minutes of device time in all,
 # machine starts included). Each call writes its log, a JSON of results and the run folders' small files
-# under $OUT (or RESULTS_DIR) as soon as each exists. Carry .whl (benchmarks/fetch_gpu_wheels.sh), .whl-extra
-# (tqdm, matplotlib, setuptools wheels: what `pip install -e .` needs beyond the kit and the image) and
-# .gpu-data (python benchmarks/gpu_session.py data .gpu-data ../shared/data).
+# under $OUT (or RESULTS_DIR) as soon as each exists. Carry .whl (benchmarks/fetch_gpu_wheels.sh) and
+# .gpu-data (python benchmarks/gpu_session.py data .gpu-data ../shared/data; ignore it in .git/info/exclude).
 #   bash benchmarks/gpu_session.sh call1   # install as scripts/install_gpu.sh does (offline: WHEELS), the default
 #                                          # launcher run (run_gsm8k.sh, Qwen2.5-1.5B shape, 2 steps, then a resume
 #                                          # for a third), tests/test_gpu.py
@@ -50,9 +49,8 @@ rec where "{\"date\": \"$(date -u +%FT%TZ)\", \"gpu\": \"$(nvidia-smi --query-gp
 install() {  # scripts/install_gpu.sh, offline from the carried wheels; the torch before and after
   if [ "$CPU" = 1 ]; then return 0; fi
   if (cd /tmp && "$PY" -c 'import tarpo.patches, unsloth, trl') >/dev/null 2>&1; then say "installed already"; return 0; fi
-  local before after wheels=/tmp/session-wheels
+  local before after wheels=$PWD/.whl
   before=$("$PY" -c 'import torch; print(torch.__version__)')
-  rm -rf "$wheels" && mkdir -p "$wheels" && cp .whl/*.whl .whl-extra/*.whl "$wheels/"
   WHEELS=$wheels timed install_gpu 240 bash scripts/install_gpu.sh
   local rc=$?
   after=$("$PY" -c 'import torch; print(torch.__version__)')
@@ -107,7 +105,7 @@ case $CALL in
   call2)
     install
     timed model3 120 "$PY" benchmarks/gpu_session.py model /tmp/session-q3 $SHAPE3
-    launch launch-math-step $(( $(left) - 20 )) run_math.sh MODEL=/tmp/session-q3 DATA_PATH=.gpu-data/math_long.jsonl \
+    launch launch-math-step $(( $(left) - 150 )) run_math.sh MODEL=/tmp/session-q3 DATA_PATH=.gpu-data/math_long.jsonl \
       RUN_NAME=math-paper MAX_STEPS=1 SAVE_STEPS=1 MAX_PROMPT_LENGTH=$PLONG MAX_COMPLETION_LENGTH=$LONG CPU_MAX_HOURS=2
     timed decode-run $(( $(left) - 10 )) "$PY" benchmarks/gpu_session.py decode /tmp/session-q3 "$JSON" \
       $([ "$CPU" = 1 ] && echo --tiny);;

@@ -140,7 +140,6 @@ class TarpoTrainer(GRPOTrainer):
             raise ValueError("TarpoTrainer does not return outputs from compute_loss")
         return self._compute_loss(model, inputs)
 
-    # ------------------------------------------------------------------ parts
     @property
     def router(self) -> Router:
         return unwrap(self.accelerator.unwrap_model(self.model)).tarpo_router
@@ -163,7 +162,6 @@ class TarpoTrainer(GRPOTrainer):
         generation batch spanning optimizer steps): then the clipped ratio form applies."""
         return self.args.num_iterations > 1 or self.args.steps_per_generation > self.args.gradient_accumulation_steps
 
-    # ------------------------------------------------------------------ optimizer
     def create_optimizer(self, model=None):
         if self.optimizer is not None:
             return self.optimizer
@@ -212,8 +210,7 @@ class TarpoTrainer(GRPOTrainer):
                                 self.router, self.soft_module)
                 rollout = hybrid_generate(policy, prompt_ids, prompt_mask, spec, noise_seed=self._next_rollout_seed(),
                                           row_ids=rows)
-        seconds = time.perf_counter() - started
-        self._metrics[mode]["timing/rollout_s"].append(seconds)
+        self._metrics[mode]["timing/rollout_s"].append(seconds := time.perf_counter() - started)
         self._engine_decided(seconds, rollout.token_ids.shape[1])
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
@@ -324,7 +321,6 @@ class TarpoTrainer(GRPOTrainer):
             self._metrics[mode][name].append(value.item())
         return loss / self.current_gradient_accumulation_steps
 
-    # ------------------------------------------------------------------ checkpoints
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
     # a kill or a full disk during a save never leaves a checkpoint-N that a re-run would pick.
     def _save_router(self, directory: str) -> None:
