@@ -67,8 +67,8 @@ MAX_GRAD_NORM=${MAX_GRAD_NORM:-}
 WARMUP=${WARMUP:-}                 # warm-up: a fraction of the steps if < 1
 LR_SCHEDULE=${LR_SCHEDULE:-}
 EPOCHS=${EPOCHS:-}
-MAX_STEPS=${MAX_STEPS:-}           # > 0 overrides EPOCHS
-SAVE_STEPS=${SAVE_STEPS:-}         # a checkpoint every N optimizer steps
+MAX_STEPS=${MAX_STEPS:-}           # >= 1: that many optimizer steps instead of EPOCHS (empty: EPOCHS)
+SAVE_STEPS=${SAVE_STEPS:-}         # >= 1: a checkpoint every N optimizer steps
 REPORT_TO=${REPORT_TO:-}           # where the logged metrics go besides metrics.jsonl: none | tensorboard | wandb | any
                                    # integration of transformers' (comma-separated: several)
 OPTIM=${OPTIM:-}                   # optimizer, a name of transformers' (without CUDA or bitsandbytes, see TarpoConfig.optim)

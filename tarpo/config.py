@@ -293,6 +293,7 @@ class TarpoConfig(GRPOConfig):
 
     def __post_init__(self):
         self.optim = resolve_optimizer(str(getattr(self.optim, "value", self.optim)))
+        self.dataloader_pin_memory &= torch.cuda.is_available()  # pinned memory needs a GPU (torch warns without)
         super().__post_init__()  # TRL checks generation_batch_size % num_generations, num_generations >= 2
         self.validate_tarpo()
 

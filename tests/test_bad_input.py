@@ -43,6 +43,62 @@ def test_launcher_names_the_bad_variable_before_loading_or_writing(monkeypatch, 
     assert not (tmp_path / "runs").exists()  # no run folder, no launch_config.json
 
 
+@pytest.mark.parametrize("env, message", [
+    ({"ACTION_BIAS": "inf,0"}, "ACTION_BIAS='inf,0': not a finite number"),
+    ({"BETA": "nan"}, "BETA='nan': not a finite number"),
+    ({"EPOCHS": "inf"}, "EPOCHS='inf': not a finite number"),
+    ({"IS_CLIP_MAX": "inf"}, "IS_CLIP_MAX='inf': not a finite number (none: no bound)"),
+    ({"MAX_STEPS": "-3"}, "MAX_STEPS=-3: must be >= 1 (leave it empty to train EPOCHS)"),
+    ({"MAX_STEPS": "0"}, "MAX_STEPS=0: must be >= 1 (leave it empty to train EPOCHS)"),
+    ({"SAVE_STEPS": "0"}, "SAVE_STEPS=0: must be >= 1 (a checkpoint every SAVE_STEPS optimizer steps)"),
+])
+def test_numbers_the_launcher_comments_do_not_allow_are_refused(monkeypatch, tmp_path, capsys, env, message):
+    code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL="qwen2.5-1.5b", **env)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_out_dir_under_a_regular_file_is_refused(monkeypatch, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("OUT_DIR", str(tmp_path / "file" / "runs"))
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MODEL", "qwen2.5-1.5b")
+    code, err = launch.main(["gsm8k"]), capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"OUT_DIR={tmp_path / 'file' / 'runs'}: {tmp_path / 'file'} is a file, not a folder" in err
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused(monkeypatch, tmp_path, capsys):
+    if os.geteuid() == 0:  # root writes anywhere: a read-only file system is what refuses it
+        monkeypatch.setattr(os, "access", lambda path, mode, **k: False if mode & os.W_OK else True)
+    else:
+        (tmp_path / "ro").mkdir()
+        (tmp_path / "ro").chmod(stat.S_IRUSR | stat.S_IXUSR)
+    (tmp_path / "ro").mkdir(exist_ok=True)
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MODEL", "qwen2.5-1.5b")
+    monkeypatch.setenv("OUT_DIR", str(tmp_path / "ro" / "runs"))
+    code, err = launch.main(["gsm8k"]), capsys.readouterr().err
+    assert code == 2 and f"OUT_DIR={tmp_path / 'ro' / 'runs'}: {tmp_path / 'ro'} is not writable" in err, err
+
+
+@pytest.mark.parametrize("files, message", [
+    ((), "no config.json: not a model folder"),
+    (("config.json",), "no tokenizer (tokenizer.json, tokenizer.model or vocab.json)"),
+])
+def test_a_model_folder_without_a_model_says_so(monkeypatch, tmp_path, capsys, files, message):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_text("{}")
+    code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL=str(folder))
+    assert code == 2 and f"MODEL={str(folder)!r}: {message}" in err and len(err.strip().splitlines()) == 1, err
+    assert "sentencepiece" not in err and not (tmp_path / "runs").exists()
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)

@@ -69,6 +69,7 @@ def tensors(run_dir):
 def assert_same_result(ref_dir, run_dir):
     ref, got = tensors(ref_dir), tensors(run_dir)
     assert ref.keys() == got.keys()
+    # exact: the rerun resumes from a saved checkpoint and replays the uninterrupted run's ops
     different = [k for k in ref if not torch.equal(ref[k], got[k])]
     assert not different, f"{run_dir} differs from the uninterrupted run in {different}"
 
@@ -83,7 +84,8 @@ def assert_finished_cleanly(step, run_dir):
     assert step["status"] == "exit 0", step["output"][-3000:]
     leftovers = sorted({k.split("/")[0] for k in step["tree"]} - {"adapter", "launch_config.json", "metrics.jsonl",
                                                                   "README.md", "checkpoint-1", "checkpoint-2",
-                                                                  "checkpoint-3", "rollout_engine.json"})
+                                                                  "checkpoint-3", "rollout_engine.json",
+                                                                  "run_identity.json"})
     assert not leftovers, f"left in the run folder: {leftovers}"
     assert train_steps(run_dir) == [1, 2, 3]  # one record per step: the rolled-back ones are gone
 
@@ -94,6 +96,7 @@ def test_uninterrupted_run_trains_three_steps_that_change_the_adapter(runs):
     assert_finished_cleanly(ref, out / "ref")
     base = load_file(str(out / "ref" / "adapter" / "router_ref" / "router.safetensors"))
     trained = load_file(str(out / "ref" / "adapter" / "router.safetensors"))
+    # exact: any change at all counts
     assert not torch.equal(base["proj.weight"], trained["proj.weight"])  # the comparisons below mean something
 
 
@@ -287,7 +290,9 @@ def test_trainer_resumes_from_the_newest_complete_checkpoint_and_trains_nothing_
     again.train(resume_from_checkpoint=True)  # checkpoint-2, already at max_steps: nothing to train
     assert again.state.global_step == 2
     for (n, a), (_, b) in zip(first.model.named_parameters(), again.model.named_parameters()):
+        # exact: checkpoint-2 loaded back (a save/load round trip), nothing trained after it
         assert torch.equal(a, b), n
+    # exact: the same save/load round trip
     torch.testing.assert_close(again.router.proj.weight, first.router.proj.weight, rtol=0, atol=0)
     assert not (run / "checkpoint-4").exists()
     with pytest.raises(ValueError, match="checkpoint-3.*incomplete.*optimizer.pt"):

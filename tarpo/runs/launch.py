@@ -35,6 +35,7 @@ from dataclasses import replace
 
 from ..atomic_files import write_json_atomic
 from ..algorithms import ROUTINGS
+from . import run_identity
 from .launch_config import LaunchConfig
 from .presets import resolve, variable_of
 
@@ -222,9 +223,10 @@ def plan_memory(cfg: LaunchConfig, cuda: bool) -> LaunchConfig:
                    memory_plan={**result, "gradient_accumulation_steps": steps})
 
 
-def train(cfg: LaunchConfig, args) -> str:
-    """Train into ``cfg.run_dir`` with ``args``, the run's TarpoConfig (:func:`trainer_arguments`); returns
-    the saved adapter folder. Every process of a run calls this; the main one alone writes the configuration,
+def train(cfg: LaunchConfig, args, ident: dict) -> str:
+    """Train into ``cfg.run_dir`` with ``args``, the run's TarpoConfig (:func:`trainer_arguments`), recording
+    ``ident`` (:func:`tarpo.runs.run_identity.identity`) in a new run folder; returns the saved adapter folder.
+    Every process of a run calls this; the main one alone writes the configuration,
     clears interrupted saves and prints."""
     from ..training.callbacks import JsonlLogger
     from ..training.checkpoints import (DiskFull, finished_step, last_complete_checkpoint, remove_partial_saves,
@@ -261,6 +263,7 @@ def train(cfg: LaunchConfig, args) -> str:
                              "use a GPU, or raise CPU_MAX_HOURS")
     os.makedirs(run_dir, exist_ok=True)
     if main:
+        run_identity.record(run_dir, ident)
         write_json_atomic(os.path.join(run_dir, "launch_config.json"), cfg.to_dict())
     trainer = TarpoTrainer(model=model, reward_funcs=reward_function(cfg.task), args=args, train_dataset=dataset,
                            processing_class=tokenizer,
@@ -343,6 +346,8 @@ def main(argv=None) -> int:
     main_process, launched = process_rank() == 0, os.environ.get(LAUNCHED) == "1"
     try:
         cfg = resolve(argv[0], dict(os.environ))  # a bad variable is refused before torch is imported
+        ident = run_identity.identity(cfg)
+        run_identity.check(cfg, ident)  # a folder of another run is refused before anything loads
         import torch
 
         from ..training.distributed import cpu_requested
@@ -370,7 +375,7 @@ def main(argv=None) -> int:
     if starts:
         return launch_processes(cfg)
     try:
-        adapter = train(cfg, args)
+        adapter = train(cfg, args, ident)
     except ValueError as exc:
         print(f"tarpo launch: error: {exc}", file=sys.stderr)
         return 2

@@ -14,11 +14,13 @@ keyword arguments of :class:`tarpo.config.TarpoConfig` plus the launcher's own s
 from __future__ import annotations
 
 import difflib
+import math
 import os
 
 from ..architectures import ARCHITECTURES
 from ..algorithms import ALGOS, MODES
 from .launch_config import LaunchConfig
+from .paths import check_model_folder, check_out_dir
 
 # ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
 DATASETS = {
@@ -80,8 +82,20 @@ def common(algo: str) -> dict:
     return {**{name: default(name) for name in names}, **LAUNCHER_SETTINGS}
 
 # ---- shell variable -> (TarpoConfig field, parser); every one can be set in the launcher or the environment
+def _finite(s):
+    """A finite float (``inf`` and ``nan`` are refused: no setting of the launcher takes them).
+
+    >>> _finite("1e-4")
+    0.0001
+    """
+    value = float(s)
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
+
+
 def _floats(s):
-    return [float(x) for x in s.replace("[", "").replace("]", "").split(",") if x.strip()]
+    return [_finite(x) for x in s.replace("[", "").replace("]", "").split(",") if x.strip()]
 
 
 def _names(s):
@@ -103,7 +117,12 @@ def _bound(s):
     >>> _bound("3"), _bound("none")
     (3.0, None)
     """
-    return None if s.strip().lower() == "none" else float(s)
+    if s.strip().lower() == "none":
+        return None
+    try:
+        return _finite(s)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (none: no bound)") from None
 
 
 def _integrations(s):
@@ -126,27 +145,28 @@ def _bool(s):
 
 VARIABLES = {
     "SEED": ("seed", int), "GROUP_SIZE": ("num_generations", int), "BATCH": ("per_device_train_batch_size", int),
-    "LR": ("learning_rate", float), "ROUTER_LR": ("router_lr", float), "HRPO_LR": ("hrpo_lr", float),
-    "BETA": ("beta", float), "ALPHA": ("alpha_action_kl", float), "LAMBDA": ("lambda_act", float),
-    "ACTION_BIAS": ("action_bias", _floats), "ACTION_TEMPERATURE": ("action_temperature", float),
-    "TEMPERATURE": ("temperature", float), "SOFT_TOP_K": ("soft_top_k", int),
-    "ENTROPY_THRESHOLD": ("entropy_threshold", float), "ENTROPY_TEMPERATURE": ("entropy_temperature", float),
-    "HRPO_MIXTURE": ("hrpo_mixture", str), "HRPO_LAMBDA_LR": ("hrpo_lambda_lr", float),
-    "NOISE_SCALE": ("soft_tokens_noise_scale", float),
-    "GUMBEL_TEMPERATURE": ("gumbel_temperature", float), "TOP_K": ("top_k", int), "TOP_P": ("top_p", float),
+    "LR": ("learning_rate", _finite), "ROUTER_LR": ("router_lr", _finite), "HRPO_LR": ("hrpo_lr", _finite),
+    "BETA": ("beta", _finite), "ALPHA": ("alpha_action_kl", _finite), "LAMBDA": ("lambda_act", _finite),
+    "ACTION_BIAS": ("action_bias", _floats), "ACTION_TEMPERATURE": ("action_temperature", _finite),
+    "TEMPERATURE": ("temperature", _finite), "SOFT_TOP_K": ("soft_top_k", int),
+    "ENTROPY_THRESHOLD": ("entropy_threshold", _finite), "ENTROPY_TEMPERATURE": ("entropy_temperature", _finite),
+    "HRPO_MIXTURE": ("hrpo_mixture", str), "HRPO_LAMBDA_LR": ("hrpo_lambda_lr", _finite),
+    "NOISE_SCALE": ("soft_tokens_noise_scale", _finite),
+    "GUMBEL_TEMPERATURE": ("gumbel_temperature", _finite), "TOP_K": ("top_k", int), "TOP_P": ("top_p", _finite),
     "LORA_R": ("lora_r", int), "LORA_ALPHA": ("lora_alpha", int),
     "LORA_TARGETS": ("lora_target_modules", _lora_targets),
     "MAX_PROMPT_LENGTH": ("max_prompt_length", int), "MAX_COMPLETION_LENGTH": ("max_completion_length", int),
-    "WEIGHT_DECAY": ("weight_decay", float), "MAX_GRAD_NORM": ("max_grad_norm", float),
-    "WARMUP": ("warmup_steps", float), "LR_SCHEDULE": ("lr_scheduler_type", str),
-    "EPOCHS": ("num_train_epochs", float), "MAX_STEPS": ("max_steps", int), "SAVE_STEPS": ("save_steps", int),
+    "WEIGHT_DECAY": ("weight_decay", _finite), "MAX_GRAD_NORM": ("max_grad_norm", _finite),
+    "WARMUP": ("warmup_steps", _finite), "LR_SCHEDULE": ("lr_scheduler_type", str),
+    "EPOCHS": ("num_train_epochs", _finite), "MAX_STEPS": ("max_steps", int), "SAVE_STEPS": ("save_steps", int),
     "BF16": ("bf16", _bool), "GRAD_CHECKPOINTING": ("gradient_checkpointing", _bool), "OPTIM": ("optim", str),
     "ENGINE": ("rollout_engine", str),
     "LOSS_TYPE": ("loss_type", str), "SCALE_REWARDS": ("scale_rewards", str),
     "IS_LEVEL": ("importance_sampling_level", str), "MASK_TRUNCATED": ("mask_truncated_completions", _bool),
-    "EPSILON": ("epsilon", float), "EPSILON_HIGH": ("epsilon_high", float),
-    "SAPO_TEMPERATURE_POS": ("sapo_temperature_pos", float), "SAPO_TEMPERATURE_NEG": ("sapo_temperature_neg", float),
-    "TOP_ENTROPY_QUANTILE": ("top_entropy_quantile", float),
+    "EPSILON": ("epsilon", _finite), "EPSILON_HIGH": ("epsilon_high", _finite),
+    "SAPO_TEMPERATURE_POS": ("sapo_temperature_pos", _finite),
+    "SAPO_TEMPERATURE_NEG": ("sapo_temperature_neg", _finite),
+    "TOP_ENTROPY_QUANTILE": ("top_entropy_quantile", _finite),
     "IS_CORRECTION": ("is_correction", str),
     "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
     "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str), "REPORT_TO": ("report_to", _integrations),
@@ -155,7 +175,7 @@ VARIABLES = {
 SETTINGS = {
     "MODEL": str, "ALGO": str, "DATA_PATH": str, "OUT_DIR": str, "RUN_NAME": str, "TRAIN_LIMIT": int,
     "EVAL": _bool, "EVAL_N": int, "EVAL_LIMIT": int, "EVAL_DATA_DIR": str, "DRY_RUN": _bool, "BACKEND": str,
-    "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str, "MICRO_BATCH": int, "CPU_MAX_HOURS": float,
+    "NUM_PROCESSES": int, "ACCELERATE_CONFIG": str, "MICRO_BATCH": int, "CPU_MAX_HOURS": _finite,
     "NUM_MACHINES": int, "MACHINE_RANK": int, "MAIN_PROCESS_IP": str, "MAIN_PROCESS_PORT": int,
 }
 # ---- names a user may try for a variable (refused by resolve(), since the launcher ignores unknown names)
@@ -302,15 +322,21 @@ def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
             raise ValueError(f"MODEL={model_key!r}: no such folder")
         if "/" not in model_key:
             raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
+    check_model_folder(model_key, preset)
     for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
+    check_out_dir(s.get("OUT_DIR", "runs"))
     if "DATA_PATH" in s and not os.path.exists(s["DATA_PATH"]):
         raise ValueError(f"DATA_PATH={s['DATA_PATH']}: no such file or folder")
     if "EVAL_DATA_DIR" in s and not os.path.isdir(s["EVAL_DATA_DIR"]):
         raise ValueError(f"EVAL_DATA_DIR={s['EVAL_DATA_DIR']}: no such folder")
     # every variable is parsed before common() imports TRL: a mistyped value is refused at once
     overrides = {VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES}
+    for name, why in (("MAX_STEPS", "leave it empty to train EPOCHS"),
+                      ("SAVE_STEPS", "a checkpoint every SAVE_STEPS optimizer steps")):
+        if name in env and overrides[VARIABLES[name][0]] < 1:  # TRL reads MAX_STEPS <= 0 as "train EPOCHS"
+            raise ValueError(f"{name}={overrides[VARIABLES[name][0]]}: must be >= 1 ({why})")
     data = DATASETS[dataset]
     trainer = {**common(algo), **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
                **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")},

@@ -1,0 +1,68 @@
+"""A run folder knows what it is (tarpo/runs/run_identity.py): a launch into a folder made with other settings
+or other data is refused before anything loads, naming each difference and the two ways out, and leaves the
+folder's files as they were; the same settings resume or say the run is finished."""
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from test_launch import launch, tiny_model_folder
+
+
+def tree_digest(root) -> dict:
+    """Every file under ``root`` and the sha256 of its bytes."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            out[os.path.relpath(path, root)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    return out
+
+
+def gsm8k_rows(path, offset=0):
+    path.write_text("".join(json.dumps({"question": f"What is {i} + {offset}?", "answer": f"#### {i + offset}"})
+                            + "\n" for i in range(8)))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A tiny GSM8K run trained to its end (one step), and the settings it was launched with."""
+    root = tmp_path_factory.mktemp("identity")
+    env = dict(MODEL=tiny_model_folder(root / "tiny"), DATA_PATH=gsm8k_rows(root / "a.jsonl"),
+               OUT_DIR=str(root / "runs"), RUN_NAME="run", BATCH="4", GROUP_SIZE="2", MAX_STEPS="1",
+               MAX_PROMPT_LENGTH="320", MAX_COMPLETION_LENGTH="4", LORA_R="4", LORA_ALPHA="8")
+    res = launch("run_gsm8k.sh", timeout=300, **env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return root, env
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"LORA_R": "8"}, ["LORA_R=8 (the run folder's: 4)"]),
+    ({"DATA_PATH": "b.jsonl"}, ["DATA_PATH=", "DATA_PATH (contents) differ"]),
+    ({"SEED": "3", "LR": "1e-4"}, ["SEED=3 (the run folder's: 0)", "LR=0.0001 (the run folder's: 5e-06)"]),
+])
+def test_a_launch_into_a_finished_run_with_other_settings_is_refused_and_changes_nothing(finished, change, named):
+    root, env = finished
+    if "DATA_PATH" in change:  # the same file name in another folder: other rows
+        os.makedirs(root / "other", exist_ok=True)
+        change = {"DATA_PATH": gsm8k_rows(root / "other" / "a.jsonl", offset=1)}
+    before = tree_digest(root / "runs" / "run")
+    res = launch("run_gsm8k.sh", **{**env, **change})
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-3000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tarpo launch: error: OUT_DIR/RUN_NAME"), res.stderr
+    assert all(n in lines[0] for n in named), lines[0]
+    assert "another RUN_NAME or OUT_DIR" in lines[0] and "the same settings" in lines[0]
+    assert "Traceback" not in res.stdout + res.stderr and "memory plan" not in res.stdout  # refused before planning
+    assert tree_digest(root / "runs" / "run") == before
+
+
+def test_the_same_settings_find_the_run_finished(finished):
+    root, env = finished
+    before = tree_digest(root / "runs" / "run")
+    res = launch("run_gsm8k.sh", **env)
+    assert res.returncode == 0 and "run already finished at step 1" in res.stdout, res.stdout + res.stderr
+    assert tree_digest(root / "runs" / "run") == before
