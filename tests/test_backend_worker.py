@@ -26,10 +26,12 @@ def test_two_processes_of_one_backend_agree_and_train_every_tensor(tmp_path):
     run_worker("--backend", "hf", "--model", base, "--adapter", adapter, "--out", b, "--score", a)
     assert not os.path.exists(a + ".tmp") and not os.path.exists(b + ".tmp")
     got = compare(torch.load(a), torch.load(b))
+    # exact: one backend, the same code on the same inputs and shapes in both processes
     assert got["hidden_rel_err"] == 0 and got["logits_rel_err"] == 0
     assert got["rollout_soft_steps"] > 0 and got["rollout_hard_steps"] > 0
     assert got["rollout_logp_mean_abs_diff"] < 1e-5 and got["rollout_p_soft_max_abs_diff"] < 1e-5
     assert got["free_running_token_agreement"] == 1.0
+    # exact: the same loss and backward on the same inputs in both processes
     assert got["loss_rel_diff"] == 0 and got["grads_rel_err"] == 0
     assert got["trained_tensors"] == 4 * 2 * 2 + 2  # LoRA A and B on q/k/v/o of 2 layers, router weight and bias
     assert got["unchanged_after_step"] == [] and got["unchanged_after_step_ref"] == []

@@ -25,7 +25,7 @@ def test_hrpo_gate_starts_with_at_least_99_percent_token_embedding():
     gate = HrpoGate(64, seed=0, init_std=0.02)
     for linear in (gate.r, gate.i):  # HRPO: the model's _init_weights, N(0, initializer_range), zero bias
         assert abs(linear.weight.std().item() - 0.02) < 1e-3 and abs(linear.weight.mean().item()) < 1e-3
-        assert (linear.bias == 0).all()
+        assert (linear.bias == 0).all()  # exact: HrpoGate zeroes the biases (bias.zero_())
     a_min = torch.exp(-gate.c * torch.nn.functional.softplus(-gate.lam))
     assert 0.99 <= a_min.min() and a_min.max() <= 0.999 and a_min.std() > 1e-3  # ~U[0.99, 0.999]
     e = torch.randn(100, 64)
@@ -127,6 +127,7 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
     out = hybrid_generate(policy_of(backbone, tokenizer, soft_module=soft_module), enc.input_ids, enc.attention_mask,
                           spec)
     m = out.completion_mask
+    # exact: boolean masks
     assert out.is_soft.any() and (out.is_soft == out.decided).all()  # every thinking step is soft
     assert out.units.min() < out.units.max()
     with torch.no_grad():
@@ -143,6 +144,7 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
     if routing == "soft_tokens":
         assert out.soft_inputs.shape[-1] == model.config.hidden_size
         soft = m & out.is_soft
+        # exact: masked zeros (only the soft steps are written)
         assert scores.logp_soft_input is not None and (scores.logp_soft_input[~soft] == 0).all()
         # On-policy the recorded input is mean + sigma * eps, so log N = -|eps|^2 / 2 - d log(sigma sqrt(2 pi))
         # with eps ~ N(0, I): |eps|^2 / d averages 1 over the soft steps.
@@ -164,6 +166,7 @@ def test_every_algo_trains_and_changes_every_trainable_parameter(tokenizer, tmp_
     assert any("tarpo_router" in n for n in trainable) == ALGOS[algo].router
     assert any("tarpo_gate" in n for n in trainable) == ALGOS[algo].gate
     for n, p in trainer.model.named_parameters():
+        # exact: a frozen tensor is never written; a trained one moves
         assert torch.equal(p, before[n]) != (n in trainable), f"{n}: trainable={n in trainable}"
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 3 and all(math.isfinite(h["loss"]) for h in logs)
@@ -221,7 +224,7 @@ def test_entropy_routing_thresholds_the_entropy_at_entropy_temperature(model, to
                            entropy_temperature=temp)
         assert RolloutSpec(max_new_tokens=1, routing="entropy").entropy_temperature == 1.0  # the default
         outs[temp] = hybrid_generate(policy_of(backbone, tokenizer), enc.input_ids, enc.attention_mask, spec)
-    assert outs[1.0].decided.sum() >= 30 and torch.equal(outs[1.0].is_soft, outs[1.0].decided)
+    assert outs[1.0].decided.sum() >= 30 and torch.equal(outs[1.0].is_soft, outs[1.0].decided)  # exact: boolean masks
     assert outs[0.5].decided.any() and not outs[0.5].is_soft.any()
     assert (outs[0.5].entropy[outs[0.5].completion_mask] < 2.5).all()  # the logged entropy is still at T_s
 
@@ -235,6 +238,7 @@ def test_entropy_temperature_works_in_training(tokenizer, tmp_path, temp, soft):
                            train_dataset=make_dataset(), processing_class=tokenizer)
     trainer.train()
     (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    # exact: no soft step gives 0 / units = 0.0
     assert (log["soft_ratio"] > 0.5) == soft and (log["soft_ratio"] == 0) != soft
 
 
@@ -251,7 +255,7 @@ def test_entropy_temperature_works_in_tarpo_eval(tiny, tmp_path, capsys):
         res = json.loads((out / "gsm8k.results.json").read_text())
         assert res["settings"]["entropy_temperature"] == float(temp)
         ratios[temp] = res["metrics"]["soft_ratio"]
-    assert ratios["1e-05"] == 0 and ratios["100"] > 0.5
+    assert ratios["1e-05"] == 0 and ratios["100"] > 0.5  # exact: no soft step gives 0 / units = 0.0
     assert cli(["eval", "--model", tiny[0], "--mode", "entropy", "--tasks", "gsm8k", "--entropy-temperature", "0",
                 "--out", str(tmp_path / "bad")]) == 2
     assert "--entropy-temperature 0.0: must be > 0" in capsys.readouterr().err

@@ -172,6 +172,7 @@ def test_zero_advantages_train_nothing_on_one_process_or_two(zero_reward_runs):
 
     for n, run in zero_reward_runs.items():
         steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        # exact: the mean of rewards that are all 0.0
         assert [s["step"] for s in steps] == [1, 2, 3] and all(s["reward"] == 0 for s in steps), n
         launched = json.loads((run / "launch_config.json").read_text())
         assert launched["trainer"]["optim"] == "paged_adamw_8bit" and launched["num_processes"] == n  # the default

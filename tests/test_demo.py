@@ -19,6 +19,7 @@ def test_synthetic_splits_are_seeded_disjoint_and_graded_by_the_shared_grader():
     assert ds[0]["task"] == "arith" and ds[0]["prompt"][1]["content"] == test[0]["question"]
     for p, ex in zip(test[:50], ds):
         assert score(completion_text(p), ex, reward=True) == 1.0
+        # exact: the grader's score is float(bool)
         assert score(completion_text({**p, "answer": str(int(p["answer"]) + 1)}), ex) == 0.0
 
 
@@ -109,6 +110,7 @@ def test_demo_pipeline_writes_the_run_folder(warm, tmp_path, capsys):
     assert set(summary) == {"cot", "grpo", "tarpo"}
     for system in summary.values():
         assert {"pass@1", "pass@k", "soft_ratio", "units"} <= set(system)
+    # exact: no soft step gives 0 / units = 0.0
     assert summary["cot"]["soft_ratio"] == 0 and summary["grpo"]["soft_ratio"] == 0
     assert {"config.json", "table.md", "summary.json", "curves.png"} <= set(os.listdir(out))
     assert os.path.exists(out / "tarpo" / "metrics.jsonl") and os.path.exists(out / "tarpo" / "adapter")

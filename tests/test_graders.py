@@ -52,20 +52,22 @@ def test_gsm8k_gold_in_another_form_is_correct_and_next_rows_answer_is_wrong():
 def test_reward_rule_needs_exactly_one_tag_and_no_fallback():
     e = ex("\\frac{1}{2}")
     assert score("think #### 1/2", e, reward=True) == 1.0
-    assert score("#### 2 #### 1/2", e, reward=True) == 0.0          # two tags
-    assert score("so \\boxed{1/2}", e, reward=True) == 0.0         # no tag
+    assert score("#### 2 #### 1/2", e, reward=True) == 0.0          # exact: a float(bool) score; two tags
+    assert score("so \\boxed{1/2}", e, reward=True) == 0.0         # exact: a float(bool) score; no tag
     assert score("so \\boxed{1/2}", e) == 1.0                      # evaluation: boxed fallback
     assert score("the answer is 0.5", e) == 1.0                    # evaluation: last-number fallback
-    assert score("the answer is 0.5", e, fallbacks=()) == 0.0
+    assert score("the answer is 0.5", e, fallbacks=()) == 0.0  # exact: a float(bool) score
     assert score("#### 2 #### 1/2", e) == 1.0                      # evaluation: text after the last tag
 
 
 def test_graders_on_hand_examples():
     assert score("#### 1,234", ex("1234", "gsm8k")) == 1.0
+    # exact: a float(bool) score
     assert score("#### 1234.50", ex("1234", "gsm8k")) == 0.0
     assert score("#### $18", ex("18", "gsm8k"), grader="math_verify") == 1.0
     assert score("#### \\dfrac{3}{4}", ex("\\frac34"), grader="math_reference") == 1.0
     assert score("#### (C)", ex("C", "arc_challenge")) == 1.0
+    # exact: a float(bool) score
     assert score("#### A or C", ex("C", "arc_challenge")) == 0.0
     assert multiple_choice_letter("\\boxed{B}") == "B"
 
@@ -86,7 +88,7 @@ def test_pathological_answers_return_within_the_timeout():
         start = time.monotonic()
         grade = grade_batch([f"#### {answer}"], [ex("7")], "math_verify", timeout=timeout)[0]
         elapsed = time.monotonic() - start
-        assert grade.score == 0.0
+        assert grade.score == 0.0  # exact: a float(bool) score
         assert elapsed < timeout + 1.5, f"{answer[:20]!r} took {elapsed:.1f}s"
 
 
@@ -133,8 +135,8 @@ def test_all_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
     assert score(f"```python\n{ds[0]['gold']}```", ds[0]) == 1.0
     # Wrong: every solution returns None, and a second fence breaks the reward's format rule.
     wrong = [f"```python\n{e['code_prompt']}    return None\n```" for e in ds[:20]]
-    assert all(g.score == 0.0 for g in grade_batch(wrong, ds[:20], timeout=20))
-    assert score("```python\nx=1\n```\n" + right[0], ds[0], reward=True) == 0.0
+    assert all(g.score == 0.0 for g in grade_batch(wrong, ds[:20], timeout=20))  # exact: float(bool) scores
+    assert score("```python\nx=1\n```\n" + right[0], ds[0], reward=True) == 0.0  # exact: a float(bool) score
     assert score("```python\nx=1\n```\n" + right[0], ds[0]) == 1.0  # scoring: the last block counts
     print(f"164 HumanEval programs in {time.monotonic() - start:.1f}s")
 

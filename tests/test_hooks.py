@@ -28,8 +28,9 @@ def test_override_and_capture_equal_the_inputs_embeds_path(model, tokenizer):
         want = plain.hidden(embeds, mask, pos)
         got = hooked.hidden(embeds, mask, pos, token_ids=ids)
         again = hooked.hidden(E[ids], mask, pos, token_ids=ids)  # the override lasts one call
+    # exact: the same decoder kernels on the same embeddings and shapes; only the way in differs
     assert torch.equal(got, want)
-    assert torch.equal(again, plain.hidden(E[ids], mask, pos))
+    assert torch.equal(again, plain.hidden(E[ids], mask, pos))  # exact: as above, on the token embeddings
     hooked.close()
 
 
@@ -50,7 +51,7 @@ def test_hooked_rollout_equals_the_inputs_embeds_rollout(model, tokenizer):
     hooked.close()
     assert a.is_soft.any() and (a.completion_mask & ~a.is_soft).any()
     for name in ("token_ids", "completion_mask", "is_soft", "decided", "soft_ids"):
-        assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert torch.equal(getattr(a, name), getattr(b, name)), name  # exact: integer ids and boolean masks
     torch.testing.assert_close(b.logp, a.logp, atol=1e-6, rtol=0)
     torch.testing.assert_close(b.p_soft, a.p_soft, atol=1e-6, rtol=0)
 
@@ -80,5 +81,5 @@ def test_unsloth_backbone_session_logic_on_the_transformers_path(model, tokenize
     want = hybrid_generate(policy_of(Backbone(model), tokenizer, router), enc.input_ids, enc.attention_mask, plain)
     assert got.is_soft.any()
     for name in ("token_ids", "completion_mask", "is_soft"):
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
+        assert torch.equal(getattr(got, name), getattr(want, name)), name  # exact: integer ids and boolean masks
     torch.testing.assert_close(got.logp, want.logp, atol=1e-5, rtol=0)

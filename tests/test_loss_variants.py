@@ -143,6 +143,7 @@ def test_entropy_masking_equals_trls_top_entropy_quantile(loss_type, off_policy)
         torch.testing.assert_close(a, t)
     policy_only = ours(loss_type, "token", logp_c, old, b["ref"], b["adv"], b["mask"], beta=0.0, entropy_mask=keep)
     g_c, = torch.autograd.grad(policy_only, logp_c)
+    # exact: the masked steps' gradient is multiplied by a 0.0 mask (beta = 0)
     assert torch.equal(g_c[~keep], torch.zeros_like(g_c[~keep])) and g_c[keep].abs().sum() > 0
 
 
@@ -234,6 +235,7 @@ def test_the_scoring_gives_the_entropy_from_its_log_prob_chunks():
     mask = torch.tensor([[True, True, True, False], [True, False, False, False], [True, True, True, True]])
     plain = token_logprobs(head, hidden, targets, mask, 0.5, 2)
     logp, entropy = token_logprobs(head, hidden, targets, mask, 0.5, 2, with_entropy=True)
+    # exact: the same ops on the same chunks; with_entropy only adds an output
     assert torch.equal(logp, plain) and not entropy.requires_grad
     full = torch.log_softmax(head(hidden).float() / 0.5, -1)
     torch.testing.assert_close(entropy, torch.where(mask, -(full.exp() * full).sum(-1), torch.zeros(3, 4)))
@@ -335,9 +337,10 @@ def test_every_correction_is_the_identity_when_rollout_and_training_agree(mode, 
 
     pairs = [(b["logp"], b["logp"].clone(), b["mask"]), (logp_act, logp_act.clone(), decided)]
     weights, stats = mismatch_weights(pairs, mode, 0.5, 2.0)
+    # exact: equal log-probs: log-ratios 0.0, weights exp(0.0) = 1.0, nothing corrected
     assert all(torch.equal(w, torch.ones_like(w)) for w in weights) and stats["corrected"] == 0
     for x, y in zip(run(None), run(tuple(weights))):
-        assert torch.equal(x, y)
+        assert torch.equal(x, y)  # exact: weights of exactly 1.0 (x * 1.0 == x), the same ops otherwise
 
 
 def test_the_correction_weights_the_policy_gradient_and_not_the_kl():
@@ -372,6 +375,7 @@ def test_a_tiny_run_logs_the_ratio_metrics_and_saves_the_config_that_ran(tokeniz
     for h in logs:  # on-policy the two sides differ by numerics only
         assert 0.99 < h["importance_sampling/ratio_min"] <= h["importance_sampling/ratio_mean"] \
             <= h["importance_sampling/ratio_max"] < 1.01
+        # exact: a fraction of a count (no ratio near the clip at 2.0)
         assert h["importance_sampling/corrected"] == 0.0
     saved = torch.load(tmp_path / "run" / "checkpoint-2" / "training_args.bin", weights_only=False)
     assert (saved.loss_type, saved.scale_rewards, saved.importance_sampling_level, saved.epsilon_high,
@@ -412,7 +416,7 @@ def test_mask_truncated_completions_leaves_cut_rows_out_of_the_loss():
                               ended_with_eos=torch.tensor([False, True]))
     for on, expected in ((False, rollout.completion_mask), (True, torch.tensor([[False] * 3, [True, True, False]]))):
         trainer = SimpleNamespace(args=SimpleNamespace(mask_truncated_completions=on))
-        assert torch.equal(TarpoTrainer._loss_mask(trainer, rollout), expected)
+        assert torch.equal(TarpoTrainer._loss_mask(trainer, rollout), expected)  # exact: boolean masks
 
 
 def test_the_launcher_shows_the_loss_settings_in_its_resolved_config():

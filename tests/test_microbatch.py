@@ -136,8 +136,9 @@ def check_batching(run, shape):
     order = []
     for m in run["micro"]:
         for i in range(per_device):
+            # exact: integer ids
             match = [r for r in range(G * PROMPTS) if torch.equal(rollout.token_ids[r], m["token_ids"][i])
-                     and torch.equal(rollout.prompt_ids[r], m["prompt_ids"][i])]
+                     and torch.equal(rollout.prompt_ids[r], m["prompt_ids"][i])]  # exact: integer ids
             assert match, "a micro-batch row is not a row of the rollout"
             row = next(r for r in match if r not in order)
             order.append(row)
@@ -173,6 +174,7 @@ def test_micro_batches_accumulate_the_gradient_of_the_whole_batch(tokenizer, tmp
         big, micro = runs
         # the same rollout: one decode over the same 8 rows in both runs
         for name in ("prompt_ids", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids", "soft_inputs"):
+            # exact: one decode of the same 8 rows (one seed, the same shapes) in both runs
             assert torch.equal(getattr(big["rollouts"][0], name), getattr(micro["rollouts"][0], name)), name
         check_batching(big, BIG)
         order = check_batching(micro, MICRO)
@@ -186,6 +188,7 @@ def test_micro_batches_accumulate_the_gradient_of_the_whole_batch(tokenizer, tmp
         assert nonzero(group(token[0]["grads"], "tarpo_gate"))
 
     kl = both(reward=constant_reward, beta=1.0)
+    # exact: a constant reward 1.0 has mean 1.0 exactly: advantages 0.0
     assert all(m["advantages"].abs().max() == 0 for m in kl[0]["micro"])
     assert all(m["terms"]["kl_tok"] > 0 for m in kl[1]["micro"]), "the policy equals the reference: KL is 0"
     assert_same_grads(kl[0]["grads"], kl[1]["grads"], "token KL term")

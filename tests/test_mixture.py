@@ -37,5 +37,6 @@ def test_step_and_batch_shapes_rebuild_identical_embeddings():
     batch = build_inputs_embeds(E, tokens, ids, w, is_soft, chunk_size=3)
     for t in range(T):
         step = build_inputs_embeds(E, tokens[:, t], ids[:, t], w[:, t], is_soft[:, t])
+        # exact: elementwise products and a per-row sum over k (no matmul): the point of topk_mixture
         assert torch.equal(step, batch[:, t])
     assert batch.dtype == torch.bfloat16

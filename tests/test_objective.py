@@ -9,6 +9,7 @@ def test_group_advantages_hand_values_and_zero_spread():
     a = group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0, 2.0, 2.0, 2.0, 2.0]), 4)
     std = math.sqrt(1 / 3)  # sample std of [1, 0, 1, 0]
     torch.testing.assert_close(a[:4], torch.tensor([0.5, -0.5, 0.5, -0.5]) / (std + 1e-4))
+    # exact: a constant group: mean 2.0 exactly, so centred 0.0 and 0.0 / (std + eps) = 0.0
     assert torch.equal(a[4:], torch.zeros(4))
     assert torch.isfinite(a).all()
 
@@ -32,8 +33,9 @@ def test_kl_gradient_is_exactly_zero_where_the_policy_is_the_reference():
         logp = torch.log_softmax(logits, -1)
         ref = logp.detach().clone()
         kl = (two_class_kl if V == 2 else kl_divergence)(logp, ref)
-        assert torch.equal(kl, torch.zeros(64))
+        assert torch.equal(kl, torch.zeros(64))  # exact: ref is a copy of logp: every difference is 0.0
         grad = torch.autograd.grad(kl.sum(), logits)[0]
+        # exact: differences of 0.0 give p * 0.0 (the property under test)
         assert torch.equal(grad, torch.zeros_like(grad)), (V, grad.abs().max())
         # elsewhere the value and, through the log-softmax, the gradient of the plain formula
         logits = torch.randn(5, 3, V, dtype=torch.float64, requires_grad=True)
@@ -84,6 +86,7 @@ def test_loss_terms_by_hand():
 
 def test_without_router_action_terms_vanish_and_delta_is_one():
     loss, terms = tarpo_loss(LossSettings(lambda_act=0.1, beta=1.0, alpha=1.0, use_router=False), **example())
+    # exact: without a router the action terms are sums of zeros
     assert terms["loss_act"] == 0 and terms["kl_act"] == 0
     kl0 = (0.1 + 0.2 + 0.3 + 0.4) / 4
     kl1 = (0.5 + 0.6) / 2
@@ -99,7 +102,7 @@ def test_delta_gradient_switch():
     g = torch.autograd.grad(loss, ex["p_hard"])[0]
     # d loss / d p_hard[0, 0] = kl_tok[0, 0] / T_0 / B = 0.1 / 4 / 2; answer steps get none.
     torch.testing.assert_close(g[0, 0], torch.tensor(0.1 / 4 / 2))
-    assert g[0, 2] == 0 and g[1, 1] == 0
+    assert g[0, 2] == 0 and g[1, 1] == 0  # exact: torch.where passes no gradient to answer steps
 
 
 def test_zero_spread_group_gives_zero_gradient_not_nan():
@@ -108,6 +111,7 @@ def test_zero_spread_group_gives_zero_gradient_not_nan():
     ex["logp_tok"] = ex["logp_tok"].clone().requires_grad_(True)
     loss, _ = tarpo_loss(LossSettings(lambda_act=0.1, beta=0.0, alpha=1.0), **ex)
     g = torch.autograd.grad(loss, ex["logp_tok"])[0]
+    # exact: a constant group's advantages are 0.0, every gradient term is times 0.0
     assert torch.isfinite(loss) and torch.equal(g, torch.zeros_like(g))
 
 

@@ -22,8 +22,8 @@ def test_hard_routing_reproduces_generate(model, tokenizer, top_k, top_p):
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     ref = ref[:, enc.input_ids.shape[1]:]
     T = ours.token_ids.shape[1]
-    assert torch.equal(ours.token_ids, ref[:, :T])
-    assert (ref[:, T:] == tokenizer.pad_token_id).all()
+    assert torch.equal(ours.token_ids, ref[:, :T])  # exact: integer ids
+    assert (ref[:, T:] == tokenizer.pad_token_id).all()  # exact: integer ids
     assert not ours.is_soft.any()
 
 
@@ -54,7 +54,7 @@ def test_cached_decode_equals_full_forward_with_padding_and_mixed_rows(model, to
     spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, compact_finished_rows=False)
     again = hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec)
     backbone.logits = orig
-    assert torch.equal(again.token_ids, out.token_ids)
+    assert torch.equal(again.token_ids, out.token_ids)  # exact: integer ids
     with torch.no_grad():
         full = backbone.logits(sequence_hidden(backbone, out))
     for t, step_logits in enumerate(seen):
@@ -94,6 +94,7 @@ def test_tag_and_eos_state_machine(model, tokenizer):
         n = len(seq)
         assert out.token_ids[r, :n].tolist() == seq
         assert out.completion_mask[r].tolist() == [True] * n + [False] * (out.token_ids.shape[1] - n)
+        # exact: integer ids; the entropy past the end is never written (0.0)
         assert (out.token_ids[r, n:] == pad).all() and (out.entropy[r, n:] == 0).all()
         assert not out.is_soft[r, n:].any() and not out.decided[r, n:].any()
     # Row 0: "a","b","#","#","#" decide (still thinking); the 4th "#" completes the tag.
@@ -101,7 +102,7 @@ def test_tag_and_eos_state_machine(model, tokenizer):
     assert out.decided[1, :5].tolist() == [True] * 3 + [False] * 2
     # Row 2 never emits the tag: every step but EOS is a (soft) thinking decision.
     assert out.decided[2, : len(script[2]) - 1].all() and not out.decided[2, len(script[2]) - 1]
-    assert torch.equal(out.is_soft, out.decided)  # routing "soft": thinking steps are all soft
+    assert torch.equal(out.is_soft, out.decided)  # exact: boolean masks; routing "soft": thinking steps are all soft
     assert out.ended_with_eos.all()
 
 
@@ -124,7 +125,7 @@ def test_entropy_routing_rule(model, tokenizer):
     spec = RolloutSpec(max_new_tokens=30, temperature=0.5, routing="entropy", entropy_threshold=threshold,
                        entropy_temperature=0.5)
     out = hybrid_generate(policy_of(Backbone(model), tokenizer), enc.input_ids, enc.attention_mask, spec)
-    assert torch.equal(out.is_soft, out.decided & (out.entropy > threshold))
+    assert torch.equal(out.is_soft, out.decided & (out.entropy > threshold))  # exact: boolean masks
     assert out.is_soft.any() and (out.decided & ~out.is_soft).any()
 
 

@@ -126,7 +126,7 @@ def test_the_unsloth_backbone_drops_its_past_and_the_paged_buffers_when_a_rollou
     # the next rollout prefills afresh and decodes as the first did
     backbone.logits = type(backbone).logits.__get__(backbone)
     a, b = decode(backbone, model, tokenizer, seed=3), decode(backbone, model, tokenizer, seed=3)
-    assert torch.equal(a.token_ids, b.token_ids)
+    assert torch.equal(a.token_ids, b.token_ids)  # exact: integer ids
 
 
 # --------------------------------------------------------------------- grouped decode attention
@@ -138,8 +138,8 @@ def test_grouped_decode_equals_repeated_heads_on_a_padded_batch(model, tokenizer
     monkeypatch.setattr(rollout_module, "_grouped_attention", lambda backbone: contextlib.nullcontext())
     reference = decode(Backbone(model), model, tokenizer, steps=24, routing=routing)
     assert (reference.prompt_mask == 0).any()
-    assert torch.equal(grouped.token_ids, reference.token_ids)
-    assert torch.equal(grouped.is_soft, reference.is_soft)
+    assert torch.equal(grouped.token_ids, reference.token_ids)  # exact: integer ids
+    assert torch.equal(grouped.is_soft, reference.is_soft)  # exact: boolean masks
     torch.testing.assert_close(grouped.logp, reference.logp, atol=1e-5, rtol=0)
     torch.testing.assert_close(grouped.p_soft, reference.p_soft, atol=1e-5, rtol=0)
     assert model.config._attn_implementation == "sdpa"  # restored

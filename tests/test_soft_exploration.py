@@ -72,7 +72,7 @@ def test_a_gumbel_rollout_is_rebuilt_exactly_in_training_and_its_draw_is_scored(
     with torch.no_grad():
         logits = backbone.logits(sequence_hidden(backbone, out)[soft]).float() / 0.8
     ids, plain = soft_topk(logits, 5)
-    assert torch.equal(ids, out.soft_ids[soft])
+    assert torch.equal(ids, out.soft_ids[soft])  # exact: integer ids
     torch.testing.assert_close(out.soft_weights[soft].sum(-1), torch.ones(int(soft.sum())))
     assert (out.soft_weights[soft] - plain).abs().max() > 0.1
     # the same draw from the same keyed noise, by hand
@@ -87,7 +87,7 @@ def test_a_gumbel_rollout_is_rebuilt_exactly_in_training_and_its_draw_is_scored(
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     hand = gumbel.log_density(logits.gather(-1, ids), out.soft_weights[soft])
     torch.testing.assert_close(scores.logp_soft_input[soft], hand, atol=1e-3, rtol=1e-4)
-    assert (scores.logp_soft_input[~soft] == 0).all()
+    assert (scores.logp_soft_input[~soft] == 0).all()  # exact: masked zeros (only the soft steps are written)
 
 
 def test_entropy_routing_goes_soft_below_the_threshold_when_asked(model, tokenizer):
@@ -106,8 +106,8 @@ def test_entropy_routing_goes_soft_below_the_threshold_when_asked(model, tokeniz
                            entropy_threshold=threshold, entropy_temperature=0.8)
         outs[side] = hybrid_generate(policy_of(backbone, tokenizer), enc.input_ids, enc.attention_mask, spec)
     assert outs["high"].decided[:, 0].all() and outs["low"].decided[:, 0].all()
-    assert torch.equal(outs["high"].is_soft[:, 0], first > threshold)
-    assert torch.equal(outs["low"].is_soft[:, 0], first < threshold)
+    assert torch.equal(outs["high"].is_soft[:, 0], first > threshold)  # exact: boolean masks
+    assert torch.equal(outs["low"].is_soft[:, 0], first < threshold)  # exact: boolean masks
     assert 0 < int(outs["low"].is_soft[:, 0].sum()) < 6
     with pytest.raises(ValueError, match="entropy_soft_when='mid'"):
         RolloutSpec(max_new_tokens=1, routing="entropy", entropy_soft_when="mid")

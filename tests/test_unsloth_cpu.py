@@ -61,7 +61,7 @@ def test_unsloth_decode_and_training_forward_equal_transformers(tmp_path):
         for other in (cand["keyed"][routing, "compiled"], ref["keyed"][routing, "eager"],
                       ref["keyed"][routing, "compiled"]):
             for name in ("token_ids", "completion_mask", "is_soft", "decided"):
-                assert torch.equal(other[name], base[name]), (routing, name)
+                assert torch.equal(other[name], base[name]), (routing, name)  # exact: integer ids and boolean masks
             for name in ("logp", "p_soft", "entropy"):
                 torch.testing.assert_close(other[name], base[name], atol=1e-5, rtol=0, msg=f"{routing} {name}")
 
@@ -85,7 +85,8 @@ def test_unsloth_grouped_decode_attention_equals_its_own_and_copies_no_kv_per_he
         runs[name] = torch.load(out)
     grouped, repeated = runs["grouped"], runs["repeated"]
     a, b = grouped["rollout"], repeated["rollout"]
-    assert (a["prompt_mask"] == 0).any() and a["is_soft"].any()
+    assert (a["prompt_mask"] == 0).any() and a["is_soft"].any()  # exact: an integer mask
+    # exact: integer ids and boolean masks
     assert torch.equal(a["token_ids"], b["token_ids"]) and torch.equal(a["is_soft"], b["is_soft"])
     torch.testing.assert_close(a["logp"], b["logp"], atol=1e-5, rtol=0)
     torch.testing.assert_close(a["p_soft"], b["p_soft"], atol=1e-5, rtol=0)
@@ -97,6 +98,7 @@ def test_unsloth_grouped_decode_attention_equals_its_own_and_copies_no_kv_per_he
     in_groups = [c for c in grouped["calls"] if c["query"][1] == c["key"][1] and c["query"][2] == groups]
     assert len(in_groups) == len(decode_steps)  # the same steps, each group's query heads along the query axis
     for run in (grouped, repeated):
+        # exact: integer counts
         assert run["refs"] > 0 and run["alive"] == 0 and not run["modules_with_buffers"] and not run["past"]
     # host syncs of a decode step: Unsloth's own rotary length, int(position_ids.max().item()) (unsloth/models/
     # llama.py, LlamaModel_fast_forward_inference_custom), and every DONE_CHECK_EVERY steps the loop's end check.

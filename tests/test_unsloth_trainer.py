@@ -79,6 +79,7 @@ def test_unsloth_trains_what_transformers_trains(runs, case):
     names = sorted(n for n in hf["initial"] if n != "checkpointing")
     assert names == sorted(n for n in un["initial"] if n != "checkpointing")
     assert any("lora_A" in n for n in names) and any("tarpo_router" in n or "tarpo_gate" in n for n in names)
+    # exact: the hf run copies the Unsloth run's initial tensors
     assert all(np.array_equal(un["initial"][n], hf["initial"][n]) for n in names)  # the same start
     assert un["initial"]["checkpointing"] is False and hf["initial"]["checkpointing"] is True  # Unsloth's own
     for step in range(1, STEPS + 1):
@@ -88,6 +89,7 @@ def test_unsloth_trains_what_transformers_trains(runs, case):
         drift = {n: np.abs(un["params"][step][n] - hf["params"][step][n]).max() / rate(n) for n in names}
         assert max(drift.values()) <= 0.03 * step, (step, max(drift.items(), key=lambda kv: kv[1]))
     last, first = hf["params"][STEPS], hf["initial"]
+    # exact: any change at all counts as trained
     assert all(not np.array_equal(last[n], first[n]) for n in names)  # every LoRA, router and gate tensor trained
 
 
@@ -100,8 +102,10 @@ def test_a_resumed_run_continues_exactly_and_nothing_grows(runs, case, backend):
     from growth import differences
 
     a, b = runs[0 if backend == "unsloth" else 1][case]["A"], runs[0 if backend == "unsloth" else 1][case]["B"]
+    # exact: run B resumes from run A's checkpoint-2 and replays step 3's ops
     assert sorted(b["grads"]) == [3] and a["loss"][3] == b["loss"][3]
     for part in ("grads", "params"):
+        # exact: the same replay of step 3
         assert all(np.array_equal(a[part][3][n], b[part][3][n]) for n in a[part][3]), part
     taken = a["growth"]
     assert differences(taken[2], taken[STEPS]) == {}
@@ -116,6 +120,7 @@ def test_on_a_gpu_auto_rolls_unsloth_models_out_on_the_compiled_engine(runs):
     compiled, eager = un[GPU_CHOICE]["A"], un["qwen2-tarpo"]["A"]
     assert compiled["engines"] == ["compiled"] * STEPS and set(eager["engines"]) == {"eager"}
     lora_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    # exact: the same seeded initialisation in both runs
     assert np.array_equal(compiled["initial"][lora_a], eager["initial"][lora_a])
     assert abs(compiled["loss"][1] - eager["loss"][1]) <= 1e-5
     assert all(abs(compiled["loss"][s] - eager["loss"][s]) <= 1e-4
@@ -131,4 +136,5 @@ def test_unsloths_fused_lora_functions_train_under_the_trainer(runs):
     names = [n for n in a["initial"] if n != "checkpointing"]
     assert any("gate_proj.lora_A" in n for n in names)
     assert all(np.isfinite(a["loss"][s]) for s in range(1, STEPS + 1))
+    # exact: any change at all counts as trained
     assert all(not np.array_equal(a["params"][STEPS][n], a["initial"][n]) for n in names)

@@ -164,6 +164,7 @@ def train_step(model_dir: str, backend: str, bf16: bool, completion: int) -> dic
                                processing_class=load_tokenizer(model_dir))
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         trainer.train()
+        # exact: any change at all counts as trained
         return {n: not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters()
                 if n in before}
 
