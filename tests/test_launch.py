@@ -24,10 +24,30 @@ def launch(script, timeout=120, **env):
                           env={**clean, "HF_HUB_OFFLINE": "1", **env})
 
 
+def launch_in_process(script, **env):
+    """What ``bash <script>`` runs (``python -m tarpo.runs.launch <data set>``), in this process: no
+    Python start-up and imports of its own (the bash layer: the tests that call :func:`launch`). The
+    environment is this one less the launcher's variables, plus ``env``. Returns (exit code, stdout, stderr)."""
+    from contextlib import redirect_stderr, redirect_stdout
+    from io import StringIO
+    from unittest import mock
+
+    from tarpo.runs import launch as launcher
+    from tarpo.runs.presets import SETTINGS, VARIABLES
+
+    clean = {k: v for k, v in os.environ.items()
+             if k not in {*VARIABLES, *SETTINGS, "RANK", "LOCAL_RANK", "TARPO_LAUNCHED", "ACCELERATE_USE_CPU"}}
+    out, err = StringIO(), StringIO()
+    with mock.patch.dict(os.environ, {**clean, "HF_HUB_OFFLINE": "1", **env}, clear=True), \
+            redirect_stdout(out), redirect_stderr(err):
+        code = launcher.main([script.removeprefix("run_").removesuffix(".sh")])
+    return code, out.getvalue(), err.getvalue()
+
+
 def dry_run(script, **env):
-    res = launch(script, DRY_RUN="1", **env)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    code, out, err = launch_in_process(script, DRY_RUN="1", **env)
+    assert code == 0, err
+    return json.loads(out.strip().splitlines()[-1])
 
 
 # docs/algorithm.md §5 for MATH, as a reader of the paper would write it down.
@@ -127,8 +147,8 @@ def test_a_dry_run_on_a_gpu_with_unsloth_resolves_the_compiled_engine(monkeypatc
     ({"NUM_PROCESSES": "3"}, "BATCH=64: the completions of a step are shared by NUM_PROCESSES=3"),
 ])
 def test_bad_settings_name_the_variable(env, message):
-    res = launch("run_math.sh", DRY_RUN="1", **env)
-    assert res.returncode == 2 and message in res.stderr
+    code, _, err = launch_in_process("run_math.sh", DRY_RUN="1", **env)
+    assert code == 2 and message in err
 
 
 MISSPELT = [  # (the environment, the refusal): names a new user tries, and what the launcher calls them
@@ -213,14 +233,14 @@ ACCELERATE = ["-m", "accelerate.commands.launch"]
 
 
 def test_dry_run_with_two_processes_shows_the_accelerate_command():
-    res = launch("run_math.sh", DRY_RUN="1", NUM_PROCESSES="2", ACCELERATE_USE_CPU="true")
-    assert res.returncode == 0, res.stderr
-    assert re.search(r"^ *num_processes = 2$", res.stdout, re.M)
-    cfg = json.loads(res.stdout.strip().splitlines()[-1])
+    code, stdout, err = launch_in_process("run_math.sh", DRY_RUN="1", NUM_PROCESSES="2", ACCELERATE_USE_CPU="true")
+    assert code == 0, err
+    assert re.search(r"^ *num_processes = 2$", stdout, re.M)
+    cfg = json.loads(stdout.strip().splitlines()[-1])
     assert cfg["num_processes"] == 2 and cfg["accelerate_config"] is None
     command = cfg["launch_command"].split()
     assert command[1:] == [*ACCELERATE, "--num_processes", "2", "--multi_gpu", "-m", "tarpo.runs.launch", "math"]
-    assert f"launch_command = {cfg['launch_command']}" in res.stdout
+    assert f"launch_command = {cfg['launch_command']}" in stdout
     # BATCH stays the completions per optimizer step: each process makes half of them; the run is the same run
     assert cfg["trainer"]["per_device_train_batch_size"] == 32
     assert os.path.basename(cfg["run_dir"]) == "math-qwen2.5-3b-tarpo-g8-bs64-lr5e-06-beta0.005-b02.2-s0"
