@@ -139,3 +139,13 @@ def test_the_saved_config_of_a_run_is_what_ran(tokenizer, tmp_path):
     assert trainer.num_generations == saved.num_generations and trainer.beta == saved.beta
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2 and all(h["completions/mean_units"] <= saved.max_completion_length for h in logs)
+
+
+def test_no_pinned_memory_without_a_gpu(tmp_path):
+    """torch warns "'pin_memory' argument is set as true but no accelerator is found" at every CPU run's first
+    batch when the Trainer's default (pin) stays on; TarpoConfig turns it off where there is no GPU."""
+    import torch
+
+    from tarpo.config import TarpoConfig
+    args = TarpoConfig(output_dir=str(tmp_path), report_to="none", bf16=torch.cuda.is_available())
+    assert args.dataloader_pin_memory is torch.cuda.is_available()
