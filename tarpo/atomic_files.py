@@ -80,3 +80,22 @@ def publish_folder(staged: str, final: str) -> None:
     fsync(parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def check_writable_folder(path: str, label: str) -> None:
+    """``path`` is a folder this process can write into, or one it can create: checked before any model loads
+    and before anything is written (an existing folder gets a probe file). Raises ``ValueError`` beginning
+    with ``label`` (the flag or variable that named ``path``, e.g. ``--out runs/x`` or ``OUT_DIR=runs``)."""
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"{label}: {parent} exists and is not a folder")
+    try:
+        if parent == os.path.abspath(path):
+            with tempfile.TemporaryFile(dir=parent):
+                pass
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"cannot create a folder in {parent}")
+    except OSError as exc:
+        raise ValueError(f"{label}: not writable ({exc.strerror or exc})") from None

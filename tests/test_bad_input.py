@@ -66,7 +66,7 @@ def test_an_out_dir_under_a_regular_file_is_refused(monkeypatch, tmp_path, capsy
     monkeypatch.setenv("MODEL", "qwen2.5-1.5b")
     code, err = launch.main(["gsm8k"]), capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"OUT_DIR={tmp_path / 'file' / 'runs'}: {tmp_path / 'file'} is a file, not a folder" in err
+    assert f"OUT_DIR={tmp_path / 'file' / 'runs'}: {tmp_path / 'file'} exists and is not a folder" in err
     assert (tmp_path / "file").read_text() == "not a folder"
 
 
@@ -82,7 +82,8 @@ def test_an_out_dir_that_cannot_be_written_is_refused(monkeypatch, tmp_path, cap
     monkeypatch.setenv("MODEL", "qwen2.5-1.5b")
     monkeypatch.setenv("OUT_DIR", str(tmp_path / "ro" / "runs"))
     code, err = launch.main(["gsm8k"]), capsys.readouterr().err
-    assert code == 2 and f"OUT_DIR={tmp_path / 'ro' / 'runs'}: {tmp_path / 'ro'} is not writable" in err, err
+    expected = f"OUT_DIR={tmp_path / 'ro' / 'runs'}: not writable (cannot create a folder in {tmp_path / 'ro'})"
+    assert code == 2 and expected in err, err
 
 
 @pytest.mark.parametrize("files, message", [

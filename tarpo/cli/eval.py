@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 import torch
 
+from ..atomic_files import check_writable_folder
 from ..config import ENGINES, add_flags, sampling_problem
 from ..engine.engine_choice import engine_for
 from ..evaluation.pipeline import evaluate
@@ -115,27 +115,9 @@ def check_arguments(args) -> None:
         raise ValueError("--batch-size and --limit must be >= 1")
 
 
-def check_out(out: str) -> None:
-    """``--out`` is a folder this process can write into, or can be created: checked before any
-    model is loaded and before anything is written (an existing folder gets a probe file)."""
-    parent = os.path.abspath(out)
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ValueError(f"--out {out}: {parent} exists and is not a folder")
-    try:
-        if parent == os.path.abspath(out):
-            with tempfile.TemporaryFile(dir=parent):
-                pass
-        elif not os.access(parent, os.W_OK | os.X_OK):
-            raise PermissionError(f"cannot create a folder in {parent}")
-    except OSError as exc:
-        raise ValueError(f"--out {out}: not writable ({exc.strerror or exc})") from None
-
-
 def run(args) -> int:
     """Check the flags and ``--out``, then evaluate every task (:func:`tarpo.evaluation.pipeline.evaluate`)."""
     check_arguments(args)
-    check_out(args.out)
+    check_writable_folder(args.out, f"--out {args.out}")
     evaluate(args)
     return 0

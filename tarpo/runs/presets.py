@@ -18,9 +18,10 @@ import math
 import os
 
 from ..architectures import ARCHITECTURES
+from ..atomic_files import check_writable_folder
 from ..algorithms import ALGOS, MODES
 from .launch_config import LaunchConfig
-from .paths import check_model_folder, check_out_dir
+from .paths import check_model_folder
 
 # ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
 DATASETS = {
@@ -326,7 +327,7 @@ def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
     for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
-    check_out_dir(s.get("OUT_DIR", "runs"))
+    check_writable_folder(s.get("OUT_DIR", "runs"), f"OUT_DIR={s.get('OUT_DIR', 'runs')}")
     if "DATA_PATH" in s and not os.path.exists(s["DATA_PATH"]):
         raise ValueError(f"DATA_PATH={s['DATA_PATH']}: no such file or folder")
     if "EVAL_DATA_DIR" in s and not os.path.isdir(s["EVAL_DATA_DIR"]):
