@@ -1,3 +1,4 @@
+import gc
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,6 +31,12 @@ def pytest_itemcollected(item):
 # the modules that start processes on gloo (accelerate's default port) run in one worker, in turn.
 SPREAD = {"test_static_decode.py", "test_baselines.py", "test_trainer.py", "test_rollout.py", "test_microbatch.py"}
 GLOO = {"test_ddp.py", "test_eval_parallel.py"}
+
+
+def pytest_collection_finish(session):
+    """What the imports and the collection made is never garbage: frozen (``gc.freeze``), it is left out of
+    every later collection, automatic or a test's ``gc.collect()``, each of which would walk it again."""
+    gc.freeze()
 
 
 def pytest_xdist_make_scheduler(config, log):

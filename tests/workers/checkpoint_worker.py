@@ -187,6 +187,8 @@ def main(plan_path: str, result_path: str) -> None:
     import tarpo.runs.launch  # noqa: F401
     import tarpo.models.loading  # noqa: F401
     import tarpo.training.trainer  # noqa: F401
+    import gc
+    gc.freeze()  # the imports are never garbage: no child's collections walk them (nor copy their pages)
 
     with open(plan_path) as f:
         plan = json.load(f)

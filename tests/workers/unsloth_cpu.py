@@ -23,6 +23,7 @@ plain torch), ``for_inference``/``for_training``, the LoRA decode branch with it
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import torch
 
@@ -84,6 +85,11 @@ def install() -> None:
     llama.fast_rms_layernorm = rms_layernorm
     llama.fast_rope_embedding = rope_embedding
     cuda_branches_on_cpu()
+    # Not a stand-in, a test's speed: what is alive now (the imports) is never garbage, and frozen it is left out
+    # of every later gc.collect(), which Unsloth's model loading calls about 15 times (0.25-0.35 s each over this
+    # heap: 5 s of a launcher run's 6.3). Unsloth's train() freezes the same way (unsloth/models/_gc_train_scope.py)
+    # and leaves alone a freeze it did not make.
+    gc.freeze()
 
 
 # (module, function, the CUDA-only condition as Unsloth 2026.10.7 writes it, what it becomes here)
@@ -151,22 +157,22 @@ def install_offload(minimum_size: int = 0) -> None:
     None read as 0), and the
     2 MB floor under which a layer's input is not offloaded (``minimum_size``; 0 offloads every
     checkpointed layer's input but the last, as a GPU does at real sizes)."""
-    import unsloth_zoo.gradient_checkpointing as gc
+    import unsloth_zoo.gradient_checkpointing as zoo
 
     stream = _Stream()
-    gc._compute_stream = gc._main_stream = gc._new_extra_stream = lambda index: stream
-    gc._double_buffer_event_ctor = lambda: _Stream
-    gc.torch_gpu_stream = lambda s: contextlib.nullcontext()
-    gc._visible_device_count = lambda: 1
-    gc._new_gpu_buffer = lambda index: torch.empty(gc.INITIAL_GPU_BUFFER_SIZE, dtype=gc.GPU_BUFFER_DTYPE)
-    getitem, initialize = gc._PerDeviceSlots.__getitem__, gc.initialize_unsloth_gradient_checkpointing
-    gc._PerDeviceSlots.__getitem__ = lambda slots, index: getitem(slots, 0 if index is None else index)
+    zoo._compute_stream = zoo._main_stream = zoo._new_extra_stream = lambda index: stream
+    zoo._double_buffer_event_ctor = lambda: _Stream
+    zoo.torch_gpu_stream = lambda s: contextlib.nullcontext()
+    zoo._visible_device_count = lambda: 1
+    zoo._new_gpu_buffer = lambda index: torch.empty(zoo.INITIAL_GPU_BUFFER_SIZE, dtype=zoo.GPU_BUFFER_DTYPE)
+    getitem, initialize = zoo._PerDeviceSlots.__getitem__, zoo.initialize_unsloth_gradient_checkpointing
+    zoo._PerDeviceSlots.__getitem__ = lambda slots, index: getitem(slots, 0 if index is None else index)
 
     def initialize_on_cpu(dtype=None):
         initialize(dtype)
-        gc.NEXT_BUFFER_SLOT = _Slots(gc.NEXT_BUFFER_SLOT)
-        gc.MINIMUM_SIZE = minimum_size
-    gc.initialize_unsloth_gradient_checkpointing = initialize_on_cpu
+        zoo.NEXT_BUFFER_SLOT = _Slots(zoo.NEXT_BUFFER_SLOT)
+        zoo.MINIMUM_SIZE = minimum_size
+    zoo.initialize_unsloth_gradient_checkpointing = initialize_on_cpu
 
 
 FUSED = ("LoRA_QKV", "LoRA_W", "LoRA_MLP")
