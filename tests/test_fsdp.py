@@ -1,6 +1,7 @@
 """FSDP2 on CPU (gloo) through ``accelerate launch`` (tarpo.training.sharding, docs/several-gpus.md): 2 sharded
-processes train what 1 process trains, a killed sharded run resumes exactly (and so does a 2-process DDP run on
-the CPU), and the launcher starts a run over 2 machines x 1 process.
+processes train what 1 process trains, a killed 2-process run resumes and ends where
+the uninterrupted run ends (DDP to 1e-6, FSDP2 on the compiled engine within a stated tolerance), and the launcher
+starts a run over 2 machines x 1 process (the uninterrupted run).
 
 accelerate makes its FSDP plugin only for GPU-like process groups; tests/workers/fsdp_cpu.py lets it do so on
 the CPU (tests/workers/fsdp_site puts it into every process that ``accelerate launch`` starts).
@@ -20,6 +21,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SITE = os.path.join(HERE, "workers", "fsdp_site")
 TOLERANCE = 1e-5  # 2 FSDP2 processes vs 1 process, absolute, after 2 Adam steps (the issue's bound)
+# tolerance: a resumed FSDP2 run on the compiled engine against the DDP run on the eager engine, after 3 AdamW steps
+# at rates 1e-2 and 1e-1 (reduce-scatter vs all-reduce order): measured 9.7e-6 (AMD EPYC, 2026-11-26); a resume
+# that loses any state (optimizer shards, RNG, data position) moves the parameters by about a learning rate
+RESUMED_TOLERANCE = 1e-4
 CASES = "learned:vowels,learned:zero,hrpo:vowels,hrpo:zero"
 FSDP2 = ["--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
          "--fsdp_state_dict_type", "SHARDED_STATE_DICT", "--fsdp_cpu_ram_efficient_loading", "false"]
@@ -44,12 +49,11 @@ def worker(out, *args, processes=1):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """TARPO and HRPO, with the share of vowels as reward and with every reward 0: 2 FSDP2 processes x 4
-    completions, and 1 process x 2 micro-batches of 4 (the same global batch); AdamW, eager engine. Then
-    TARPO on the compiled engine with 2 FSDP2 processes."""
+    completions, and 1 process x 2 micro-batches of 4 (the same global batch); AdamW, eager engine (the compiled
+    engine under FSDP2: test_a_killed_two_process_run_resumes_and_ends_where_an_uninterrupted_one_ends)."""
     root = tmp_path_factory.mktemp("fsdp")
     worker(root / "two", "--cases", CASES, processes=2)
     worker(root / "one", "--cases", CASES, "--grad-accum", "2")
-    worker(root / "compiled", "--cases", "learned:vowels", "--engine", "compiled", processes=2)
     return root
 
 
@@ -80,21 +84,16 @@ def test_two_fsdp2_processes_train_what_one_process_trains(runs, case):
         assert moved > 100 * TOLERANCE, "the router/gate hardly moved: the comparison would prove nothing"
 
 
-def test_the_compiled_engine_under_fsdp2_trains_what_one_process_trains(runs):
-    for step in (1, 2):
-        two, one = (trainable(runs / "compiled" / "learned-vowels", step),
-                    trainable(runs / "one" / "learned-vowels", step))
-        gap = max((two[k] - one[k]).abs().max().item() for k in one)
-        assert gap < TOLERANCE, f"step {step}: {gap:.2e}"
-
-
 def launcher(out_dir, **extra):
-    """run_gsm8k.sh on the tiny model at ``MODEL``, with the dense reward of tests/workers/fsdp_cpu.py."""
+    """run_gsm8k.sh on the tiny model at ``MODEL``, with the dense reward of tests/workers/fsdp_cpu.py and fp32
+    AdamW (what a sharded run uses: runs.presets) whether sharded or not, so that DDP and FSDP2 runs compare.
+    8-bit AdamW's resume: tests/test_checkpoints.py, tests/test_unsloth_trainer.py."""
     variables = dict(PYTHON=sys.executable, DATA_PATH=os.path.join(DATA, "gsm8k"), OUT_DIR=str(out_dir),
                      TARPO_TEST_REWARD="vowels", TRAIN_LIMIT="16", BATCH="8", GROUP_SIZE="4",
                      MAX_PROMPT_LENGTH="400", MAX_COMPLETION_LENGTH="12", ACTION_BIAS="0,0", LORA_R="4",
                      LORA_ALPHA="8", LR="1e-2", ROUTER_LR="1e-1", ENGINE="eager", LR_SCHEDULE="constant",
-                     SAVE_STEPS="1", MAX_STEPS="3", NUM_PROCESSES="2", MAIN_PROCESS_PORT=str(free_port()))
+                     OPTIM="adamw_torch", SAVE_STEPS="1", MAX_STEPS="3", NUM_PROCESSES="2",
+                     MAIN_PROCESS_PORT=str(free_port()))
     from tarpo.runs.presets import SETTINGS, VARIABLES
     clean = {k: v for k, v in env().items()
              if k not in {*VARIABLES, *SETTINGS, "RANK", "LOCAL_RANK", "TARPO_LAUNCHED"}}
@@ -126,24 +125,50 @@ def tiny_model(tmp_path_factory):
     return str(folder)
 
 
-@pytest.mark.parametrize("sharded", [True, False], ids=["fsdp2", "ddp"])
-def test_a_killed_two_process_run_resumes_and_ends_where_an_uninterrupted_one_ends(tmp_path, tiny_model, sharded):
-    """The launcher (3 steps, a checkpoint each step) killed once checkpoint-2 is published, then run again,
-    against the same run uninterrupted. Under DDP on the CPU the Trainer loaded the optimizer with
-    map_location="cpu:0" and failed (tarpo.training.checkpoints.load_optimizer_on_cpu)."""
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model):
+    """The launcher's 3-step DDP run (a checkpoint each step) started as a cluster starts it: NUM_MACHINES=2 x 1
+    process on this host (gloo, localhost), one launcher per machine. Returns the run folder and each machine's
+    output."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    common = dict(MODEL=tiny_model, NUM_MACHINES="2", MAIN_PROCESS_IP="127.0.0.1",
+                  MAIN_PROCESS_PORT=str(free_port()))
+    results = [finished(m) for m in [launcher(out, MACHINE_RANK=str(rank), **common) for rank in (0, 1)]]
+    for rank, (status, log) in enumerate(results):
+        assert status == 0, f"machine {rank}: {log[-3000:]}"
+    (run,) = glob.glob(str(out / "*"))
+    return run, [log for _, log in results]
+
+
+def test_the_launcher_starts_a_run_over_two_machines_of_one_process(uninterrupted):
+    run, logs = uninterrupted
+    assert "--num_machines 2 --machine_rank 0 --main_process_ip 127.0.0.1" in logs[0]
+    assert "--num_machines 2 --machine_rank 1 --main_process_ip 127.0.0.1" in logs[1]
+    steps = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in x]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert json.loads(open(os.path.join(run, "launch_config.json")).read())["num_machines"] == 2
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["ddp", "fsdp2-compiled"])
+def test_a_killed_two_process_run_resumes_and_ends_where_an_uninterrupted_one_ends(tmp_path, tiny_model,
+                                                                                   uninterrupted, sharded):
+    """The launcher with 2 processes on one machine (3 steps, a checkpoint each step) killed once checkpoint-2 is
+    published, then run again, against the uninterrupted run over 2 machines: under DDP it ends there to 1e-6
+    (the same all-reduced steps; on the CPU the Trainer once loaded the optimizer with map_location="cpu:0" and
+    failed: tarpo.training.checkpoints.load_optimizer_on_cpu). The sharded run is FSDP2 on the compiled engine
+    (the rollout over the gathered parameters) and ends within RESUMED_TOLERANCE of it."""
     extra = {"MODEL": tiny_model,
-             **({"ACCELERATE_CONFIG": os.path.join(ROOT, "configs", "fsdp2.yaml")} if sharded else {})}
-    whole = launcher(tmp_path / "whole", **extra)
+             **({"ACCELERATE_CONFIG": os.path.join(ROOT, "configs", "fsdp2.yaml"), "ENGINE": "compiled"}
+                if sharded else {})}
     status, out = finished(launcher(tmp_path / "killed", TARPO_TEST_KILL_AFTER="2", **extra))
     assert status != 0 and not glob.glob(str(tmp_path / "killed" / "*" / "adapter")), out[-3000:]
     status, out = finished(launcher(tmp_path / "killed", **extra))
     assert status == 0 and "resuming from" in out and "checkpoint-2" in out, out[-3000:]
-    status, out = finished(whole)
-    assert status == 0, out[-3000:]
-    a, b = adapter(tmp_path / "whole"), adapter(tmp_path / "killed")
+    a, b = adapter(os.path.dirname(uninterrupted[0])), adapter(tmp_path / "killed")
     assert a.keys() == b.keys() and any("lora_B" in k for k in a)
     gap = max((a[k] - b[k]).abs().max().item() for k in a)
-    assert gap <= 1e-6, gap
+    print(f"{'FSDP2' if sharded else 'DDP'}: {gap:.2e}")
+    assert gap <= (RESUMED_TOLERANCE if sharded else 1e-6), gap
     steps = [json.loads(x) for x in open(glob.glob(str(tmp_path / "killed" / "*" / "metrics.jsonl"))[0])
              if '"loss"' in x]
     assert [s["step"] for s in steps] == [1, 2, 3]  # the resumed run logged step 3 once, after steps 1 and 2
@@ -154,19 +179,3 @@ def test_a_killed_two_process_run_resumes_and_ends_where_an_uninterrupted_one_en
         from transformers import AutoModelForCausalLM
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), checkpoint)
         assert any("lora_B" in n for n, _ in model.named_parameters())
-
-
-def test_the_launcher_starts_a_run_over_two_machines_of_one_process(tmp_path, tiny_model):
-    """NUM_MACHINES=2 x 1 process on this host (gloo, localhost): one launcher per machine, as on a cluster."""
-    port = str(free_port())
-    common = dict(MODEL=tiny_model, NUM_MACHINES="2", MAIN_PROCESS_IP="127.0.0.1", MAIN_PROCESS_PORT=port,
-                  MAX_STEPS="1")
-    machines = [launcher(tmp_path / "runs", MACHINE_RANK=str(rank), **common) for rank in (0, 1)]
-    results = [finished(m) for m in machines]
-    for rank, (status, out) in enumerate(results):
-        assert status == 0, f"machine {rank}: {out[-3000:]}"
-    assert "--num_machines 2 --machine_rank 0 --main_process_ip 127.0.0.1" in results[0][1]
-    (run,) = glob.glob(str(tmp_path / "runs" / "*"))
-    steps = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in x]
-    assert [s["step"] for s in steps] == [1]
-    assert json.loads(open(os.path.join(run, "launch_config.json")).read())["num_machines"] == 2
