@@ -37,20 +37,32 @@ def trainable(out, rank, step):
     return torch.load(os.path.join(out, f"rank{rank}-step{step}.pt"))
 
 
-@pytest.fixture(scope="module", params=["learned", "hard"], ids=["tarpo", "grpo"])
-def runs(request, tmp_path_factory):
-    """The same 2 steps (global batch 8: 2 prompts x 4 completions) as 2 processes x 4 completions and as
-    1 process x 2 micro-batches of 4 (gradient accumulation); SGD, so an update is linear in the gradient."""
-    root = tmp_path_factory.mktemp(request.param)
-    common = ("--routing", request.param, "--steps", str(STEPS), "--optim", "sgd")
-    run("ddp_worker.py", root / "two", *common, processes=2)
-    run("ddp_worker.py", root / "one", *common, "--grad-accum", "2")
+@pytest.fixture(scope="module")
+def both_runs(tmp_path_factory):
+    """TARPO (learned routing) and GRPO (hard), each the same 2 steps (global batch 8: 2 prompts x 4 completions)
+    as 2 processes x 4 completions and as 1 process x 2 micro-batches of 4 (gradient accumulation); SGD, so an
+    update is linear in the gradient. One launch of each kind trains both, in turn; the 2 processes then train
+    TARPO once more with the training forward calling the decoder directly (the defect of
+    test_without_the_wrapped_forward_the_ranks_train_two_models)."""
+    root = tmp_path_factory.mktemp("ddp")
+    common = ("--steps", str(STEPS), "--optim", "sgd")
+    run("ddp_worker.py", root / "two", "--cases", "learned:vowels,hard:vowels,learned:vowels:direct", *common,
+        processes=2)
+    run("ddp_worker.py", root / "one", "--cases", "learned:vowels,hard:vowels", *common, "--grad-accum", "2")
     return root
+
+
+@pytest.fixture(params=["learned", "hard"], ids=["tarpo", "grpo"])
+def runs(request, both_runs):
+    """One routing's runs: ``two`` and ``one`` (the folders of each rank's tensors), ``learned``."""
+    from types import SimpleNamespace
+    return SimpleNamespace(two=both_runs / "two" / f"{request.param}-vowels",
+                           one=both_runs / "one" / f"{request.param}-vowels", learned=request.param == "learned")
 
 
 def test_every_rank_holds_the_same_parameters_after_every_step(runs):
     for step in range(STEPS + 1):
-        a, b = trainable(runs / "two", 0, step), trainable(runs / "two", 1, step)
+        a, b = trainable(runs.two, 0, step), trainable(runs.two, 1, step)
         # exact: every rank applies the same all-reduced gradient with the same kernels to the same parameters
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"ranks differ at step {step}"
 
@@ -58,34 +70,34 @@ def test_every_rank_holds_the_same_parameters_after_every_step(runs):
 def test_every_rank_holds_the_reference_router_that_training_starts_from(runs):
     """TRL seeds each rank differently, so each drew its own router; DDP trains rank 0's, and the
     frozen reference (not a parameter DDP broadcasts) must be that router on every rank too."""
-    refs = [torch.load(runs / "two" / f"ref-router-rank{rank}.pt") for rank in (0, 1)]
+    refs = [torch.load(runs.two / f"ref-router-rank{rank}.pt") for rank in (0, 1)]
     assert refs[0].keys() == refs[1].keys() == {"proj.weight", "proj.bias"}
     # exact: rank 0's router is copied to every rank (same_on_every_rank), never recomputed
     assert all(torch.equal(refs[0][k], refs[1][k]) for k in refs[0]), "the ranks' reference routers differ"
-    if runs.name.startswith("learned"):  # a trained router: the reference is where its training starts
-        start = trainable(runs / "two", 0, 0)
+    if runs.learned:  # a trained router: the reference is where its training starts
+        start = trainable(runs.two, 0, 0)
         # exact: the frozen reference is a copy of the initial router
         assert all(torch.equal(v, start[f"base_model.model.tarpo_router.{k}"]) for k, v in refs[0].items())
 
 
 def test_two_processes_equal_one_process_over_the_same_global_batch(runs):
-    start = trainable(runs / "one", 0, 0)
+    start = trainable(runs.one, 0, 0)
     for step in range(1, STEPS + 1):
-        two, one = trainable(runs / "two", 0, step), trainable(runs / "one", 0, step)
+        two, one = trainable(runs.two, 0, step), trainable(runs.one, 0, step)
         assert two.keys() == one.keys()
         gap = max((two[k] - one[k]).abs().max().item() for k in one)
         assert gap < TOLERANCE, f"step {step}: 2 processes differ from 1 by {gap:.2e}"
     moved = max((one[k] - start[k]).abs().max().item() for k in one)
     assert moved > 10 * TOLERANCE, "the parameters hardly moved: the comparison would prove nothing"
-    assert any("tarpo_router" in k for k in one) == runs.name.startswith("learned")  # GRPO leaves it untrained
+    assert any("tarpo_router" in k for k in one) == runs.learned  # GRPO leaves it untrained
 
 
-def test_without_the_wrapped_forward_the_ranks_train_two_models(tmp_path):
+def test_without_the_wrapped_forward_the_ranks_train_two_models(both_runs):
     """The defect: the training forward calling the decoder directly, DDP never all-reduces."""
-    run("ddp_worker.py", tmp_path, "--steps", "1", "--optim", "sgd", "--direct-forward", processes=2)
-    a, b = trainable(tmp_path, 0, 1), trainable(tmp_path, 1, 1)
-    start = trainable(tmp_path, 0, 0)
-    assert all(torch.equal(start[k], trainable(tmp_path, 1, 0)[k]) for k in start)  # exact: one model, copied
+    out = both_runs / "two" / "learned-vowels-direct"
+    a, b = trainable(out, 0, 1), trainable(out, 1, 1)
+    start = trainable(out, 0, 0)
+    assert all(torch.equal(start[k], trainable(out, 1, 0)[k]) for k in start)  # exact: one model, copied
     assert max((a[k] - b[k]).abs().max().item() for k in a) > 10 * TOLERANCE
 
 

@@ -11,8 +11,9 @@ tests/workers/fsdp_site on PYTHONPATH) the saved tensors are gathered whole. ``-
 trains each case in turn into ``<out>/<routing>-<reward>/`` (``reward`` vowels: the share of vowels; zero:
 every reward 0, so every advantage 0).
 
-``--direct-forward`` restores a defect (docs/several-gpus.md): the training forward calls the decoder
-directly instead of through the module accelerate wrapped, so DDP never all-reduces a gradient.
+``--direct-forward`` (or a case ``routing:reward:direct``, into ``<out>/<routing>-<reward>-direct/``) restores a
+defect (docs/several-gpus.md): the training forward calls the decoder directly instead of through the module
+accelerate wrapped, so DDP never all-reduces a gradient.
 """
 
 import argparse
@@ -102,12 +103,12 @@ def main():
     if args.no_shuffle:
         import trl.trainer.grpo_trainer as grpo
         grpo.shuffle_sequence_dict = lambda batch: batch
-    if args.direct_forward:
-        trainer_module.forward_through = lambda wrapped, inner, fn: fn()
-
-    cases = [c.split(":") for c in args.cases.split(",")] if args.cases else [(args.routing, "vowels")]
-    for routing, reward in cases:
-        out = os.path.join(args.out, f"{routing}-{reward}") if args.cases else args.out
+    cases = ([c.split(":") for c in args.cases.split(",")] if args.cases
+             else [[args.routing, "vowels", *(["direct"] if args.direct_forward else [])]])
+    through = trainer_module.forward_through
+    for routing, reward, *direct in cases:
+        out = os.path.join(args.out, "-".join([routing, reward, *direct])) if args.cases else args.out
+        trainer_module.forward_through = (lambda wrapped, inner, fn: fn()) if direct == ["direct"] else through
         train(args, routing, REWARDS[reward], out)
     # leave together: a rank that exits while the other still talks to it aborts ("terminate called without an
     # active exception"), which a loaded machine (pytest-xdist's other worker) makes likely
