@@ -392,11 +392,11 @@ def test_a_local_model_above_100m_parameters_trains_on_cpu_after_printing_an_est
         pytest.skip("this machine has CUDA")
     folder = big_model_folder(tmp_path / "big")
     assert AutoTokenizer.from_pretrained(folder).pad_token is None
-    res = launch("run_gsm8k.sh", timeout=900, MODEL=folder, DATA_PATH=os.path.join(DATA, "gsm8k"),
-                 OUT_DIR=str(tmp_path / "runs"), TRAIN_LIMIT="4", MAX_STEPS="2", BATCH="4", GROUP_SIZE="2",
-                 MAX_PROMPT_LENGTH="400", MAX_COMPLETION_LENGTH="8", LORA_R="4", LORA_ALPHA="8")
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    out = res.stdout
+    code, out, err = launch_in_process(  # the bash layer: test_gsm8k_launcher_end_to_end_with_a_tiny_model...
+        "run_gsm8k.sh", MODEL=folder, DATA_PATH=os.path.join(DATA, "gsm8k"), OUT_DIR=str(tmp_path / "runs"),
+        TRAIN_LIMIT="4", MAX_STEPS="2", BATCH="4", GROUP_SIZE="2", MAX_PROMPT_LENGTH="400", MAX_COMPLETION_LENGTH="8",
+        LORA_R="4", LORA_ALPHA="8")
+    assert code == 0, out[-2000:] + err[-3000:]
     estimate = re.search(r"CPU estimate: (\d+) s a step \(4 completions of up to 8 tokens.*2 steps: (\d+) s", out)
     assert estimate and out.index("CPU estimate") < out.index("adapter and router saved"), out[-2000:]
     assert 0 < int(estimate[1]) <= int(estimate[2])

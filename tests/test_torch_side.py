@@ -56,6 +56,10 @@ def setup_kwargs():
 
 
 def test_subset_names_tests_that_exist():
+    """Where torch 2.11 is not installed (the subset skips): where it is, the subset's own run fails on a name
+    that does not exist (pytest: "ERROR: not found", exit 4), and this collection would repeat its imports."""
+    if (SITE / "torch").is_dir():
+        pytest.skip("test_compiled_engine_subset_passes_under_torch_2_11 runs the subset and fails on a missing name")
     res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *SUBSET],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
