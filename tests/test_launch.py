@@ -299,8 +299,8 @@ def test_several_processes_need_cuda_or_accelerate_use_cpu(monkeypatch):
     monkeypatch.delenv("ACCELERATE_USE_CPU")
     import torch
     if not torch.cuda.is_available():  # the launcher refuses before anything loads, naming the variable
-        res = launch("run_gsm8k.sh", NUM_PROCESSES="2")
-        assert res.returncode == 2 and "NUM_PROCESSES=2: no CUDA device" in res.stderr
+        code, _, err = launch_in_process("run_gsm8k.sh", NUM_PROCESSES="2")
+        assert code == 2 and "NUM_PROCESSES=2: no CUDA device" in err
 
 
 def tiny_model_folder(path):
@@ -361,9 +361,9 @@ def test_hub_model_that_cannot_load_without_cuda_points_to_the_demo_and_writes_n
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    res = launch("run_gsm8k.sh", MODEL="nobody-has/this-model", OUT_DIR=str(tmp_path / "runs"))
-    assert res.returncode == 2, res.stderr[-2000:]
-    assert "MODEL=nobody-has/this-model: cannot be loaded" in res.stderr and "run_demo.sh" in res.stderr
+    code, _, err = launch_in_process("run_gsm8k.sh", MODEL="nobody-has/this-model", OUT_DIR=str(tmp_path / "runs"))
+    assert code == 2, err[-2000:]
+    assert "MODEL=nobody-has/this-model: cannot be loaded" in err and "run_demo.sh" in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -413,11 +413,12 @@ def test_a_cpu_run_longer_than_cpu_max_hours_is_refused_before_anything_is_writt
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
                             for i in range(50)))
-    res = launch("run_gsm8k.sh", MODEL=tiny_model_folder(tmp_path / "tiny"), DATA_PATH=str(data),
-                 OUT_DIR=str(tmp_path / "runs"), BATCH="8", GROUP_SIZE="4", MAX_STEPS="100000", CPU_MAX_HOURS="0.001")
-    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "CPU estimate:" in res.stdout and "100000 steps" in res.stdout
-    assert "CPU_MAX_HOURS=0.001: this run would take about" in res.stderr and "raise CPU_MAX_HOURS" in res.stderr
+    code, out, err = launch_in_process("run_gsm8k.sh", MODEL=tiny_model_folder(tmp_path / "tiny"), DATA_PATH=str(data),
+                                       OUT_DIR=str(tmp_path / "runs"), BATCH="8", GROUP_SIZE="4", MAX_STEPS="100000",
+                                       CPU_MAX_HOURS="0.001")
+    assert code == 2, out[-2000:] + err[-2000:]
+    assert "CPU estimate:" in out and "100000 steps" in out
+    assert "CPU_MAX_HOURS=0.001: this run would take about" in err and "raise CPU_MAX_HOURS" in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -478,5 +479,5 @@ def test_gsm8k_launcher_end_to_end_with_a_tiny_model_then_plot_and_case(tmp_path
 
 @needs_data
 def test_missing_evaluation_data_is_reported_before_training():
-    res = launch("run_dapo.sh", DRY_RUN="1", EVAL="1", EVAL_DATA_DIR=DATA)  # GPQA is not in ../shared/data
-    assert res.returncode == 2 and "no folder for gpqa_diamond" in res.stderr
+    code, _, err = launch_in_process("run_dapo.sh", DRY_RUN="1", EVAL="1", EVAL_DATA_DIR=DATA)  # no GPQA there
+    assert code == 2 and "no folder for gpqa_diamond" in err
