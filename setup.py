@@ -7,7 +7,7 @@ from setuptools import find_packages, setup
 here = Path(__file__).parent
 # requirements.txt pins the CPU dev environment; the package itself takes any supported torch, so
 # that installing it where a CUDA torch is already there (the GPU image's 2.11) keeps that torch.
-TORCH = "torch>=2.11,<2.14"
+TORCH = "torch>=2.11.0a0,<2.14"  # 2.11.0a0: the pre-release builds of 2.11 NVIDIA images ship
 requirements = [
     TORCH if line.strip().startswith("torch==") else line.strip()
     for line in (here / "requirements.txt").read_text().splitlines()

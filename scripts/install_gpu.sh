@@ -11,8 +11,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
-if ! torch_version=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null); then
+# the installed torch, and whether pip will refuse to install into this Python (PEP 668: a system Python marked
+# EXTERNALLY-MANAGED, outside a venv, unless PIP_BREAK_SYSTEM_PACKAGES says otherwise)
+probe='import importlib.metadata as m, os, sys, sysconfig
+managed = os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) and sys.prefix == sys.base_prefix
+print(m.version("torch"), int(managed))'
+if ! read -r torch_version managed < <("$PYTHON" -c "$probe" 2>/dev/null) || [ -z "$torch_version" ]; then
   echo "install_gpu.sh: $PYTHON has no torch: install the CUDA build of torch 2.11-2.13 for this machine first" >&2
+  exit 2
+fi
+if [ "$managed" = 1 ] && [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ]; then
+  echo "install_gpu.sh: $PYTHON is externally managed (PEP 668) and pip will not install into it; make a venv that" \
+    "sees its torch and install there: $PYTHON -m venv --system-site-packages .venv-gpu &&" \
+    "PYTHON=.venv-gpu/bin/python bash scripts/install_gpu.sh (then PYTHON=.venv-gpu/bin/python for the launchers)" >&2
   exit 2
 fi
 constraint=$(mktemp)

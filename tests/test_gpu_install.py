@@ -75,12 +75,14 @@ def pulled(requirements, no_deps=()) -> set[str]:
     return seen
 
 
-def script_commands(tmp_path, torch_version="2.11.0+cu130") -> list[list[str]]:
-    """The pip commands ``scripts/install_gpu.sh`` runs, recorded by a stand-in python that has ``torch_version``
-    installed; a constraint file's content replaces its path."""
+def run_script(tmp_path, torch_version="2.11.0+cu130", managed=False, **env):
+    """``scripts/install_gpu.sh`` with a stand-in python that has ``torch_version`` installed (and is externally
+    managed, PEP 668, if ``managed``) and records each pip command it is given in ``tmp_path/calls``, a constraint
+    file's content in place of its path."""
     log, fake = tmp_path / "calls", tmp_path / "python"
+    log.write_text("")
     fake.write_text(f"""#!/usr/bin/env bash
-if [ "$1" = "-c" ]; then echo {torch_version}; exit 0; fi
+if [ "$1" = "-c" ]; then echo {torch_version} {int(managed)}; exit 0; fi
 args=()
 while [ $# -gt 0 ]; do
   if [ "$1" = "-c" ]; then args+=("-c" "$(cat "$2")"); shift 2; else args+=("$1"); shift; fi
@@ -88,10 +90,35 @@ done
 printf '%s\\t' "${{args[@]}}" >> {log}; echo >> {log}
 """)
     fake.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if k != "PIP_BREAK_SYSTEM_PACKAGES"}
     res = subprocess.run(["bash", os.path.join(ROOT, "scripts", "install_gpu.sh")], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHON=str(fake)), timeout=60)
+                         env=dict(clean, PYTHON=str(fake), **env), timeout=60)
+    return res, [line.rstrip("\t").split("\t") for line in log.read_text().splitlines()]
+
+
+def script_commands(tmp_path, torch_version="2.11.0+cu130") -> list[list[str]]:
+    """The pip commands ``scripts/install_gpu.sh`` runs over an installed ``torch_version``."""
+    res, calls = run_script(tmp_path, torch_version)
     assert res.returncode == 0, res.stderr
-    return [line.rstrip("\t").split("\t") for line in log.read_text().splitlines()]
+    return calls
+
+
+def test_a_pre_release_torch_of_the_image_is_kept(tmp_path):
+    """NVIDIA's images ship torch as a pre-release build: the script pins it, and setup.py admits it
+    (tests/test_torch_side.py), so pip can satisfy both."""
+    first, _ = script_commands(tmp_path, "2.11.0a0+40ec155e58.nv25.10")
+    assert first[first.index("-c") + 1] == "torch==2.11.0a0+40ec155e58.nv25.10"
+
+
+def test_an_externally_managed_python_is_refused_in_one_line_that_says_what_to_do(tmp_path):
+    """PEP 668: pip refuses to install into a system Python marked EXTERNALLY-MANAGED; the script says so
+    before running pip, and gives the venv that keeps the image's torch visible."""
+    res, calls = run_script(tmp_path, managed=True)
+    assert res.returncode == 2 and calls == [], (res.stdout, calls)
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "externally managed (PEP 668)" in res.stderr and "venv --system-site-packages" in res.stderr
+    res, calls = run_script(tmp_path, managed=True, PIP_BREAK_SYSTEM_PACKAGES="1")  # the user's own choice
+    assert res.returncode == 0 and len(calls) == 2, res.stderr
 
 
 def test_the_readme_gives_the_install_that_keeps_torch():

@@ -86,14 +86,17 @@ def test_compiled_engine_subset_passes_under_torch_2_11():
 
 # -- the declared versions: setup.py admits the GPU image's torch, requirements.txt pins the dev one --
 
-def test_setup_py_admits_torch_2_11_to_2_13_and_requirements_txt_pins_2_13():
+def test_setup_py_admits_torch_2_11_to_2_13_with_their_pre_releases_and_requirements_txt_pins_2_13():
     kw = setup_kwargs()
     torch_req = [Requirement(r) for r in kw["install_requires"] if Requirement(r).name == "torch"]
     assert len(torch_req) == 1
     spec = torch_req[0].specifier
-    for ok in ("2.11.0", "2.11.0+cu130", "2.12.1", "2.13.0", "2.13.0+cpu"):
+    # NVIDIA's images ship pre-release builds of a supported version (2.11.0a0+<commit>.nv<yy.mm>), which
+    # scripts/install_gpu.sh then pins as a constraint: pip must take them (issue 44)
+    for ok in ("2.11.0", "2.11.0+cu130", "2.12.1", "2.13.0", "2.13.0+cpu", "2.11.0a0+40ec155e58.nv25.10",
+               "2.13.0rc1"):
         assert spec.contains(ok), (ok, spec)
-    for bad in ("2.10.0", "2.14.0", "2.14.1"):
+    for bad in ("2.10.0", "2.10.0a0+git1", "2.14.0", "2.14.1", "2.14.0a0+git1"):
         assert not spec.contains(bad), (bad, spec)
     assert (SpecifierSet(kw["python_requires"]).contains("3.12.3")
             and SpecifierSet(kw["python_requires"]).contains("3.11.7"))

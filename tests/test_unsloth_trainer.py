@@ -138,3 +138,12 @@ def test_unsloths_fused_lora_functions_train_under_the_trainer(runs):
     assert all(np.isfinite(a["loss"][s]) for s in range(1, STEPS + 1))
     # exact: any change at all counts as trained
     assert all(not np.array_equal(a["params"][STEPS][n], a["initial"][n]) for n in names)
+
+
+def test_unsloth_loads_the_model_the_user_named(runs):
+    """``MODEL=Qwen/Qwen2.5-3B-Instruct`` reaches transformers as given: Unsloth's name mapper
+    (``use_exact_model_name=False``, its default) loaded ``unsloth/Qwen2.5-3B-Instruct`` instead, which an
+    offline cache of the user's model misses and whose config comes from another repository (issue 44)."""
+    names = runs[0]["names"]
+    assert names and set(names) == {"Qwen/Qwen2.5-3B-Instruct"}, names
+

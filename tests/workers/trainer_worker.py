@@ -186,6 +186,8 @@ def main(argv=None) -> int:
                             os.path.join(root, "b", f"checkpoint-{RESUME_AT}"))
             out[key]["B"] = run({**env, "RUN_NAME": "b"}, Recorder(STOP_AT), None)
         out[key]["fused"] = dict(unsloth_cpu.FUSED_CALLS) if args.unsloth_on_cpu else None
+    if args.unsloth_on_cpu:  # the hub id a user gives MODEL, as it reaches Unsloth's loader
+        out["names"] = unsloth_cpu.names_unsloth_loads("Qwen/Qwen2.5-3B-Instruct")
     tmp = args.out + ".tmp"
     torch.save(out, tmp)
     os.replace(tmp, args.out)

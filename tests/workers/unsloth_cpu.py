@@ -238,3 +238,27 @@ def load_trained(base: str, adapter: str, max_seq_length: int = 256):
     model = PeftModel.from_pretrained(load_unsloth(base, max_seq_length, "float32"), adapter)
     patches.apply(model)
     return model, Router.load(adapter), load_tokenizer(base)
+
+
+def names_unsloth_loads(name: str) -> list[str]:
+    """The names that reach transformers' ``AutoConfig.from_pretrained`` when
+    :func:`tarpo.models.loading.load_unsloth` is given ``name`` (a hub id): each call is recorded and stopped,
+    so nothing is downloaded or loaded, and Unsloth's loader gives up."""
+    import transformers.models.auto.configuration_auto as auto
+
+    from tarpo.models.loading import load_unsloth
+
+    seen, original = [], auto.AutoConfig.from_pretrained
+
+    def record(name_or_path, *args, **kwargs):
+        seen.append(str(name_or_path))
+        raise OSError("stopped by names_unsloth_loads")
+    auto.AutoConfig.from_pretrained = record
+    try:
+        load_unsloth(name, 64, "float32")
+    except Exception:  # noqa: BLE001  (Unsloth's own "Failed to load model", once both of its loads stopped)
+        pass
+    finally:
+        auto.AutoConfig.from_pretrained = original
+    return seen
+
