@@ -100,6 +100,48 @@ def test_a_model_folder_without_a_model_says_so(monkeypatch, tmp_path, capsys, f
     assert "sentencepiece" not in err and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("quantization", [
+    {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
+    {"quant_method": "gptq", "bits": 4},
+])
+def test_a_quantized_model_folder_is_refused_before_loading(monkeypatch, tmp_path, capsys, quantization):
+    """A pre-quantized checkpoint loads 4-bit whatever the launcher asks, and the rollout handed its packed
+    weights to F.linear (a shape error at the prefill): refused before anything loads (issue 44)."""
+    from tarpo.runs import launch as launcher
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "quantization_config": quantization}))
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_text("")
+    monkeypatch.setattr(launcher, "train", lambda *a, **k: pytest.fail("a quantized model was loaded"))
+    code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL=str(folder))
+    expected = f"MODEL={str(folder)!r}: a quantized model ({quantization['quant_method']}); TARPO trains LoRA"
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("hub_id", ["unsloth/Qwen2.5-3B-Instruct-bnb-4bit", "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4",
+                                    "Qwen/Qwen2.5-7B-Instruct-AWQ"])
+def test_a_quantized_hub_model_is_refused_before_loading(monkeypatch, tmp_path, capsys, hub_id):
+    code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL=hub_id, DRY_RUN="1")
+    assert code == 2 and f"MODEL={hub_id!r}: a quantized model" in err and "16-bit model" in err, err
+
+
+def test_eval_refuses_a_quantized_model_before_loading(tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert cli(["eval", "--model", "unsloth/Qwen2.5-3B-Instruct-bnb-4bit", "--tasks", "gsm8k", "--mode", "cot",
+                "--out", str(out)]) == 2
+    assert "--model unsloth/Qwen2.5-3B-Instruct-bnb-4bit: a quantized model (bnb-4bit)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_16_bit_hub_model_is_not_taken_for_a_quantized_one():
+    from tarpo.models.quantized import check_not_quantized
+    for hub_id in ("Qwen/Qwen2.5-3B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-Math-1.5B",
+                   "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"):
+        check_not_quantized(hub_id, f"MODEL={hub_id}")
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)

@@ -36,6 +36,7 @@ from ..engine.engine_choice import engine_for
 from ..evaluation.pipeline import evaluate
 from ..evaluation.system import check_system
 from ..models.loading import BACKENDS, DTYPES, resolve_backend
+from ..models.quantized import check_not_quantized
 from ..algorithms import MODES, SAMPLES
 from ..tasks.registry import TASKS
 
@@ -109,6 +110,7 @@ def check_arguments(args) -> None:
     if (problem := sampling_problem(args)) is not None:  # the sampling flags: TarpoConfig's fields and rule
         name, why = problem
         raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: {why}")
+    check_not_quantized(args.model, f"--model {args.model}")
     resolve_backend(args.backend)  # refused here, before anything loads, where it cannot run
     args.engine = engine_for(args.engine, torch.cuda.is_available(), "--engine")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):

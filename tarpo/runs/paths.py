@@ -1,6 +1,7 @@
 """The launcher's path variables checked before torch is imported (:func:`tarpo.runs.presets.resolve`): a local
-``MODEL`` folder holds a model (``OUT_DIR`` is checked by :func:`tarpo.atomic_files.check_writable_folder`, as
-``tarpo eval --out`` is). Each refusal is a ``ValueError`` naming the variable and the path."""
+``MODEL`` folder holds a model (that it is no quantized one: :func:`tarpo.models.quantized.check_not_quantized`;
+``OUT_DIR``: :func:`tarpo.atomic_files.check_writable_folder`, as ``tarpo eval --out`` is). Each refusal is a
+``ValueError`` naming the variable and the path."""
 
 from __future__ import annotations
 
@@ -19,3 +20,4 @@ def check_model_folder(model_key: str, preset) -> None:
         raise ValueError(f"MODEL={model_key!r}: no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
     if not any(n.endswith((".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")) for n in names):
         raise ValueError(f"MODEL={model_key!r}: no weights (*.safetensors or *.bin)")
+

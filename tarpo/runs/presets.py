@@ -20,6 +20,7 @@ import os
 from ..architectures import ARCHITECTURES
 from ..atomic_files import check_writable_folder
 from ..algorithms import ALGOS, MODES
+from ..models.quantized import check_not_quantized
 from .launch_config import LaunchConfig
 from .paths import check_model_folder
 
@@ -324,6 +325,7 @@ def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
         if "/" not in model_key:
             raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
     check_model_folder(model_key, preset)
+    check_not_quantized(preset["hub_id"] if preset else model_key, f"MODEL={model_key!r}")
     for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
