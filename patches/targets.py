@@ -14,7 +14,7 @@ import inspect
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-from . import grouped_decode
+from . import grouped_decode, training_forward
 from .versions import EXPECTED_VERSIONS, PatchError
 
 
@@ -109,6 +109,8 @@ def check_source(root: str | None = None) -> None:
                              f"(tarpo.patches expect unsloth=={want_version})")
         if dotted == grouped_decode.TARGET:
             grouped_decode.check_target(ast.unparse(node))
+        if dotted == training_forward.TARGET:
+            training_forward.check_target(ast.unparse(node))
 
 
 def check() -> None:

@@ -65,6 +65,8 @@ def _source_with(params_of):
                 if name == "LlamaAttention_fast_forward_inference":  # the call tarpo.patches.grouped_decode swaps
                     out.append(f"{indent}    scaled_dot_product_attention(Qn, Knn, Vnn, attn_mask = attention_mask, "
                                "is_causal = is_causal, enable_gqa = True)")
+                if name == "LlamaModel_fast_forward":  # the flag tarpo.patches.training_forward sets
+                    out.append(f"{indent}    keep = getattr(self, '_unsloth_keep_padding_mask', False)")
             else:
                 out.append(f"{indent}class {name}:")
             out += emit(child, indent + "    ") or [f"{indent}    pass"]
@@ -86,6 +88,10 @@ def test_source_check_passes_on_matching_targets_and_names_the_function_otherwis
     with pytest.raises(PatchError, match=r"LlamaAttention_fast_forward_inference no longer calls "
                                          r"scaled_dot_product_attention.*unsloth==2026\.10\.7"):
         check_source(_fake_unsloth(tmp_path / "nogqa", source))
+    source = _source_with({}).replace("'_unsloth_keep_padding_mask'", "'_some_other_flag'")
+    with pytest.raises(PatchError, match=r"LlamaModel_fast_forward does not read _unsloth_keep_padding_mask: its "
+                                         r"training forward would drop the padding mask.*unsloth==2026\.10\.7"):
+        check_source(_fake_unsloth(tmp_path / "dropsmask", source))
 
 
 @pytest.mark.skipif(unsloth_installed, reason="unsloth is installed here")

@@ -108,3 +108,36 @@ def test_unsloth_grouped_decode_attention_equals_its_own_and_copies_no_kv_per_he
     assert per_step == [1 + ((t + 1) % DONE_CHECK_EVERY == 0) for t in range(len(per_step))], grouped["sync_sites"]
     rotary = [n for where, n in grouped["sync_sites"].items() if "models/llama.py" in where]
     assert rotary == [len(per_step)], grouped["sync_sites"]  # one per decoder call: after every step but the last
+
+
+def test_after_unsloth_the_decode_step_compiles_under_its_own_settings_and_left_padding_is_kept(tmp_path):
+    """Importing Unsloth sets dynamo's ``suppress_errors`` and inductor's ``memory_planning`` for the whole process;
+    under them a decode step whose compile failed ran eagerly, and on CUDA that eager run was captured as the
+    graph. The step compiles with both off (tarpo.engine.static_decode.STEP_SETTINGS) and only while it compiles
+    (the process keeps Unsloth's); a backend that raises fails the rollout naming the step; inductor's code for
+    the step of an Unsloth-loaded model draws the rollout the traced graph draws. And left padding, by
+    behaviour: the training forward of a left-padded batch gives each row's log-probs at its real positions as
+    the row alone unpadded does, and would not if Unsloth dropped the mask (tarpo.patches.training_forward's
+    flag cleared). tests/workers/unsloth_rules_worker.py runs both in one process."""
+    base, adapter = prepare(str(tmp_path), TINY, torch.float32)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", UNSLOTH_ALLOW_CPU="1",
+               UNSLOTH_COMPILE_LOCATION=str(tmp_path / "unsloth_cache"), PYTHONPATH=os.pathsep.join([SITE, HERE]))
+    out = str(tmp_path / "settings.pt")
+    res = subprocess.run([sys.executable, os.path.join(HERE, "workers", "unsloth_rules_worker.py"), base, adapter,
+                          out], capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stderr[-5000:]
+    got = torch.load(out, weights_only=False)
+    unsloths = {"suppress_errors": True, "memory_planning": True}
+    assert got["process"] == unsloths == got["after"], got["process"]  # else this test proves nothing
+    assert got["seen"] == [{"suppress_errors": False, "memory_planning": False}], got["seen"]
+    assert got["failure"] is not None and "decode step" in got["failure"], got["failure"]
+    assert "forced failure of the compile backend" in got["failure"], got["failure"]
+    a, b = got["recorded"], got["inductor"]
+    # exact: integer ids and boolean masks, the same seeded draws over logits within fp32 rounding
+    assert torch.equal(a["token_ids"], b["token_ids"]) and torch.equal(a["is_soft"], b["is_soft"])
+    assert a["is_soft"].any() and (~a["is_soft"] & a["completion_mask"]).any()
+    torch.testing.assert_close(a["logp"], b["logp"], atol=1e-5, rtol=0)
+    padding = got["padding"]
+    assert got["padded"] and padding["kept"] <= 1e-5, padding  # tolerance: another batch shape, fp32 rounding
+    assert padding["dropped"] > 1e-2, padding  # the comparison sees a dropped mask
+

@@ -59,6 +59,14 @@ RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default,
 # variable TARPO_COMPILE_BACKEND, e.g. "aot_eager": the same fullgraph trace and functionalisation, run without
 # code generation (no C++/Triton build). The test suite runs most compiled rollouts that way (tests/conftest.py).
 COMPILE_BACKEND_VARIABLE = "TARPO_COMPILE_BACKEND"
+# The settings the step compiles under, whatever the process set before: dynamo's and inductor's configuration is
+# process-wide, and importing Unsloth sets suppress_errors (a failed compile then runs the step eagerly, and on
+# CUDA that eager step would be captured as the graph) and inductor's experimental memory_planning, among others
+# (unsloth_zoo/patching_utils.py, patch_torch_compile). In force only while the step is called, i.e. compiled.
+STEP_SETTINGS = {
+    "dynamo": dict(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True, suppress_errors=False),
+    "inductor": dict(memory_planning=False),
+}
 
 
 def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask):
@@ -100,16 +108,25 @@ def compiled_step(device: torch.device):
     on CUDA the loop replays it as a captured graph (:class:`GraphedStep`).
 
     One graph per setting and shape; past dynamo's default of 8 recompiles a function would quietly
-    run eagerly: the step allows :data:`RECOMPILE_LIMIT` and fails loudly beyond. Those settings are
-    dynamo's process-wide configuration, so they are in force only while the step is called (when
-    dynamo compiles or recompiles it); every other compiled function of the process keeps its own."""
+    run eagerly: the step allows :data:`RECOMPILE_LIMIT` and fails loudly beyond, and compiles under
+    :data:`STEP_SETTINGS` whatever another library set (no ``suppress_errors``: a failed compile raises,
+    naming the step). Those settings are dynamo's and inductor's process-wide configuration, so they are in
+    force only while the step is called (when dynamo compiles or recompiles it); every other compiled
+    function of the process keeps its own."""
+    import torch._inductor.config as inductor_config
+
     key = (torch.device(device).type, compile_backend())
     if key not in _COMPILED:
         compiled = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=key[1])
 
         def step(*args):
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
-                return compiled(*args)
+            with torch._dynamo.config.patch(**STEP_SETTINGS["dynamo"]), \
+                    inductor_config.patch(**STEP_SETTINGS["inductor"]):
+                try:
+                    return compiled(*args)
+                except torch._dynamo.exc.TorchDynamoException as e:
+                    raise RuntimeError(f"the rollout's decode step (tarpo.engine.static_decode.decode_step) failed "
+                                       f"to compile with backend {key[1]!r}: {e}") from e
         _COMPILED[key] = step
     return _COMPILED[key]
 
