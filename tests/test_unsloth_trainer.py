@@ -147,3 +147,19 @@ def test_unsloth_loads_the_model_the_user_named(runs):
     names = runs[0]["names"]
     assert names and set(names) == {"Qwen/Qwen2.5-3B-Instruct"}, names
 
+
+
+
+@pytest.mark.parametrize("backend", ["unsloth", "hf"])
+def test_no_attention_call_of_the_launchers_run_would_run_on_cudas_math_kernel(runs, backend):
+    """Every SDPA call of run A (rollouts: prefill and decode steps; training forwards and their recompute
+    under Unsloth's or transformers' checkpointing), against torch 2.11's kernel choice on an H100
+    (tests/sdpa_rules.py); Unsloth choosing between enable_gqa and expanded K/V as it does on such a GPU."""
+    from sdpa_rules import Call, on_math
+
+    run = runs[0 if backend == "unsloth" else 1]
+    for case in [*COMPARED, FUSED]:
+        calls = [Call(*c) for c in run[case]["A"]["sdpa"]]
+        assert any(c.requires_grad for c in calls) and any(c.query[2] < c.key[2] for c in calls), (case, calls[:3])
+        assert on_math(calls) == [], (case, on_math(calls)[:3])
+

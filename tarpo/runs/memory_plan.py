@@ -189,7 +189,9 @@ def train_bytes(s: Shapes, run: Run, micro_batch: int) -> dict:
     # copies, cos/sin, the attention mask (bool + bf16 bias) over L keys
     per_token = w * d * (kept + 5) + 8 * d + 2 * w * s.head_dim + 3 * L
     # then the larger of: one recomputed layer (q, attention out, K and V repeated to every
-    # head; the MLP's gate, act, up, act*up and two gradients; the softmax's logsumexp), one
+    # head; the MLP's gate, act, up, act*up and two gradients; the softmax's logsumexp: a fused kernel's,
+    # flash or memory-efficient, never the math kernel's [heads, L, L] scores, as CUDA runs every attention
+    # call of both backends fused: tests/test_attention_kernels.py, tests/test_unsloth_trainer.py), one
     # log-prob chunk (fp32 [chunk, V]), one chunk of soft inputs being mixed ([chunk, k, d], every step soft)
     layer = micro_batch * L * (4 * w * q + 6 * w * s.intermediate + 4 * s.heads)
     chunk = CHUNK_BYTES * (2 if run.full_kl else 1) * min(run.chunk, micro_batch * T) * s.vocab

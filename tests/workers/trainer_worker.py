@@ -12,6 +12,9 @@ memory plan's micro-batch, ``training_policy``, ``TarpoTrainer``, checkpoints), 
 - **run B**: a new run folder holding a copy of run A's ``checkpoint-2``; the launcher resumes from it and
   is stopped after step 3 (the same 4-step schedule), recorded the same way.
 
+Every run also records its SDPA calls (tests/sdpa_rules.py); on Unsloth, its choice between ``enable_gqa`` and
+expanded K/V is made as on an H100 (:func:`unsloth_cpu.probe_sdpa_as_on_an_h100`).
+
 The initial LoRA (and router) tensors of the Unsloth run are written to ``--init-out``; the transformers
 run loads them with ``--init-from`` into the model it built, so that both start from the same point (each
 backend draws LoRA A from its own RNG path). The reward is a stand-in with spread in every group (a random
@@ -120,6 +123,7 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
     """The launcher's run; with ``gpu_choice``, ``ENGINE=auto`` chooses as on a GPU. Records which engine
     each rollout ran on."""
     import tarpo.engine.rollout as rollout
+    from sdpa_rules import recorded_sdpa
     from tarpo.engine.engine_choice import EngineChooser
     from tarpo.runs import launch
     from tarpo.tasks import graders
@@ -136,7 +140,9 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        status = launch.main(["gsm8k"])
+        bound = [m for m in (sys.modules.get("unsloth.models.llama"),) if m is not None]  # its decode's own name
+        with recorded_sdpa(*bound) as attention:
+            status = launch.main(["gsm8k"])
     finally:
         TarpoTrainer.__init__ = original
         rollout.compiled_generate, rollout._decode, EngineChooser.next = compiled, eager, choose
@@ -145,7 +151,7 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
     assert status == 0, f"the launcher exited with {status}"
     metrics = [json.loads(line) for line in open(os.path.join(env["OUT_DIR"], env["RUN_NAME"], "metrics.jsonl"))]
     return {"initial": initial, "grads": recorder.grads, "params": recorder.params, "growth": recorder.probe.taken,
-            "engines": engines,
+            "engines": engines, "sdpa": [tuple(c) for c in attention],
             "loss": {m["step"]: m["loss"] for m in metrics if "loss" in m},
             "logp_drift": {m["step"]: m["logp_drift"] for m in metrics if "logp_drift" in m}}
 
@@ -169,6 +175,7 @@ def main(argv=None) -> int:
     if args.unsloth_on_cpu:
         import unsloth_cpu
         unsloth_cpu.install_training()
+        unsloth_cpu.probe_sdpa_as_on_an_h100()
     reference = torch.load(args.init_from, weights_only=False) if args.init_from else None  # our own file
     out = {"backend": args.backend}
     for key in args.cases:

@@ -262,3 +262,21 @@ def names_unsloth_loads(name: str) -> list[str]:
         auto.AutoConfig.from_pretrained = original
     return seen
 
+
+def probe_sdpa_as_on_an_h100() -> None:
+    """Unsloth's choice between ``enable_gqa`` and K/V expanded per query head for its dense SDPA calls
+    (``unsloth/utils/attention_dispatch.py``, ``_sdpa_takes_gqa``), which on the CPU always passes ``enable_gqa``,
+    made as on an H100 with torch 2.11: Unsloth's own rule (``_sdpa_gqa_state``: ``enable_gqa`` unless that leaves
+    only the math kernel while expanded K/V would not) with the kernel torch would pick answered by
+    tests/sdpa_rules.py, in place of ``torch._fused_sdp_choice``."""
+    import unsloth.utils.attention_dispatch as dispatch
+    from sdpa_rules import Call, kernel
+
+    def takes_gqa(Q, K, is_causal, has_mask, V=None, dropout_p=0.0):
+        V = K if V is None else V
+        expanded = [(t.shape[0], Q.shape[1], *t.shape[2:]) for t in (K, V)]
+        gqa = kernel(Call(tuple(Q.shape), tuple(K.shape), tuple(V.shape), bool(has_mask), True, bool(is_causal)))
+        mha = kernel(Call(tuple(Q.shape), *expanded, bool(has_mask), False, bool(is_causal)))
+        return not (gqa == "math" and mha != "math")
+    dispatch._sdpa_takes_gqa = takes_gqa
+
