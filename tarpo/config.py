@@ -297,6 +297,11 @@ class TarpoConfig(GRPOConfig):
         super().__post_init__()  # TRL checks generation_batch_size % num_generations, num_generations >= 2
         self.validate_tarpo()
 
+    @property
+    def off_policy(self) -> bool:
+        """A batch is used after an optimizer step: the one owner of the rule (validation below; the trainer)."""
+        return self.num_iterations > 1 or self.steps_per_generation > self.gradient_accumulation_steps
+
     def validate_tarpo(self) -> None:
         """Raise ``ValueError`` naming the field for every invalid TARPO setting."""
         def bad(name, why):
@@ -322,12 +327,11 @@ class TarpoConfig(GRPOConfig):
             bad("action_bias", "must be two numbers [hard, soft]")
         if self.router_init_std < 0:
             bad("router_init_std", "must be >= 0")
-        if self.max_prompt_length < 1:
-            bad("max_prompt_length", "must be >= 1")
         if self.max_completion_length is None or self.max_completion_length < 1:
             bad("max_completion_length", "must be >= 1")
-        if self.logprob_chunk_size < 1:
-            bad("logprob_chunk_size", "must be >= 1")
+        for name in ("max_prompt_length", "logprob_chunk_size"):
+            if getattr(self, name) < 1:
+                bad(name, "must be >= 1")
         if self.rollout_engine not in ENGINES:
             bad("rollout_engine", f"must be one of {', '.join(ENGINES)}")
         if not self.answer_tag:
@@ -336,9 +340,9 @@ class TarpoConfig(GRPOConfig):
             bad("hrpo_c", "must be > 0")
         if self.soft_tokens_noise_scale <= 0:
             bad("soft_tokens_noise_scale", "must be > 0")
-        if ROUTINGS[self.routing].scores_the_soft_input and self.num_iterations > 1:
-            bad("num_iterations", f"routing {self.routing!r} scores its soft inputs' draw on-policy only (one "
-                                  "gradient step per batch)")
+        if ROUTINGS[self.routing].scores_the_soft_input and self.off_policy:
+            bad("num_iterations" if self.num_iterations > 1 else "steps_per_generation",
+                f"routing {self.routing!r} scores its soft inputs' draw on-policy only (one optimizer step a batch)")
         if self.gumbel_temperature <= 0:
             bad("gumbel_temperature", "must be > 0")
         if self.hrpo_mixture not in HRPO_MIXTURES:
@@ -370,11 +374,9 @@ class TarpoConfig(GRPOConfig):
                 bad(name, "must be > 0 (or None: no bound)")
         if None not in (self.is_clip_min, self.is_clip_max) and self.is_clip_min >= self.is_clip_max:
             bad("is_clip_min", f"must be below is_clip_max={self.is_clip_max}")
-        if self.is_correction != "none" and (self.num_iterations > 1 or
-                                             self.steps_per_generation > self.gradient_accumulation_steps):
-            bad("is_correction", "corrects on-policy training only (num_iterations 1, one optimizer step per "
-                                 "generation batch): a reused batch's clipped ratio is already taken against the "
-                                 "rollout's own log-probs")
+        if self.is_correction != "none" and self.off_policy:
+            bad("is_correction", "corrects on-policy training only (one optimizer step a batch): a reused batch's "
+                                 "clipped ratio is already taken against the rollout's own log-probs")
 
 
 def default(name: str):

@@ -112,6 +112,19 @@ def test_the_mismatch_correction_is_refused_where_a_batch_is_reused(tmp_path):
     assert (args.loss_type, args.scale_rewards, args.is_clip_max) == ("dapo", "none", None)
 
 
+@pytest.mark.parametrize("routing", ["soft_tokens", "learned_gumbel"])
+@pytest.mark.parametrize("reuse", [dict(num_iterations=2), dict(steps_per_generation=2)],
+                         ids=["num_iterations", "steps_per_generation"])
+def test_a_routing_that_scores_its_soft_draw_is_refused_wherever_a_batch_is_reused(tmp_path, routing, reuse):
+    """Either way of reusing a batch after an optimizer step (several iterations, or a generation batch spanning
+    optimizer steps) is off-policy; the check read only num_iterations, and steps_per_generation 2 with one
+    accumulation step passed it, then failed at the first loss ("the Soft Tokens term is on-policy only")."""
+    name, value = next(iter(reuse.items()))
+    with pytest.raises(ValueError, match=rf"^TarpoConfig\.{name}={value}: routing {routing!r} scores its soft"):
+        make_args(tmp_path, routing=routing, gradient_accumulation_steps=1, **reuse)
+    assert not make_args(tmp_path, routing=routing).off_policy
+
+
 def test_the_saved_config_of_a_run_is_what_ran(tokenizer, tmp_path):
     args = make_args(tmp_path, routing="hrpo", max_steps=2, save_strategy="steps", save_steps=2, hrpo_lr=1e-2,
                      weight_decay=0.05, adam_beta1=0.8, adam_epsilon=1e-7)

@@ -156,12 +156,6 @@ class TarpoTrainer(GRPOTrainer):
     def backbone(self) -> Backbone:
         return make_backbone(self.accelerator.unwrap_model(self.model))
 
-    @property
-    def off_policy(self) -> bool:
-        """True when a batch is used after an optimizer step (several iterations, or a
-        generation batch spanning optimizer steps): then the clipped ratio form applies."""
-        return self.args.num_iterations > 1 or self.args.steps_per_generation > self.args.gradient_accumulation_steps
-
     def create_optimizer(self, model=None):
         if self.optimizer is not None:
             return self.optimizer
@@ -293,7 +287,7 @@ class TarpoTrainer(GRPOTrainer):
         scores = StepScores(**forward_through(model, self.accelerator.unwrap_model(model), forward))
         mask = self._loss_mask(rollout)
         rollout_act = torch.where(rollout.is_soft, rollout.p_soft, 1 - rollout.p_soft).clamp(min=1e-12).log()
-        old_tok, old_act = (rollout.logp, rollout_act) if self.off_policy else (None, None)
+        old_tok, old_act = (rollout.logp, rollout_act) if self.args.off_policy else (None, None)
         is_weights, is_stats = None, {}
         if args.is_correction != "none":  # the rollout's log-probs against this forward's (docs/algorithm.md §8)
             token_steps = mask if self.rule.token_fed_when_soft else mask & ~rollout.is_soft
