@@ -90,8 +90,8 @@ def test_soft_tokens_noise_is_a_third_of_the_embedding_rms_and_the_likelihood_is
     logits = torch.randn(3, E.shape[0])
     mean = GaussianSoftTokens.mean(logits, E)
     torch.testing.assert_close(mean, torch.softmax(logits, -1) @ E.detach())
-    torch.manual_seed(0)
-    u = noise.sample(logits, E)
+    u = GaussianSoftTokens.input(logits, E, noise.sigma, torch.randn(3, E.shape[1], generator=torch.Generator()
+                                                                    .manual_seed(0)))  # the rollout's draw
     assert ((u - mean).std() / noise.sigma - 1).abs() < 0.1
     ref = torch.distributions.Normal(mean, noise.sigma).log_prob(u).sum(-1)
     torch.testing.assert_close(noise.log_likelihood(u, mean), ref)

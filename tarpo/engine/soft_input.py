@@ -140,12 +140,6 @@ class GaussianSoftTokens:
         decode step, :mod:`tarpo.engine.step`, feeds and records)."""
         return cls.mean(scaled_logits, embedding) + sigma * noise
 
-    def sample(self, scaled_logits, embedding, generator=None) -> torch.Tensor:
-        """:meth:`input` with this ``sigma`` and normals drawn from ``generator``."""
-        shape = (*scaled_logits.shape[:-1], embedding.shape[1])
-        noise = torch.randn(shape, device=scaled_logits.device, generator=generator, dtype=torch.float32)
-        return self.input(scaled_logits, embedding, self.sigma, noise)
-
     def log_likelihood(self, inputs: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         """``log N(inputs; mean, sigma² I)`` per row [..., d] -> [...], constant included."""
         d = inputs.shape[-1]
