@@ -120,6 +120,18 @@ def test_a_quantized_model_folder_is_refused_before_loading(monkeypatch, tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_model_folder_whose_config_is_not_json_is_named(monkeypatch, tmp_path, capsys):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen2",')  # cut short
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_text("")
+    code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL=str(folder))
+    expected = f"MODEL={str(folder)!r}: {folder / 'config.json'} cannot be read as a model config"
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("hub_id", ["unsloth/Qwen2.5-3B-Instruct-bnb-4bit", "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4",
                                     "Qwen/Qwen2.5-7B-Instruct-AWQ"])
 def test_a_quantized_hub_model_is_refused_before_loading(monkeypatch, tmp_path, capsys, hub_id):

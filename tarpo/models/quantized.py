@@ -21,6 +21,8 @@ import re
 
 # hub ids of pre-quantized checkpoints, by the names their makers give them (unsloth/...-bnb-4bit, ...-GPTQ-Int4)
 QUANTIZED_NAME = re.compile(r"bnb-?[48]bit|[-_][48]bit\b|gptq|awq|[-_]int[48]\b", re.IGNORECASE)
+
+
 def check_not_quantized(model: str, label: str) -> None:
     """``model`` (a hub id or a folder; ``label`` names the setting in the refusal) is not a quantized
     checkpoint: its config has no ``quantization_config`` (a local folder's, or a hub id's in the local cache),
@@ -30,13 +32,17 @@ def check_not_quantized(model: str, label: str) -> None:
     config = os.path.join(model, "config.json") if os.path.isdir(model) else _cached_config(model)
     method = None
     if config is not None and os.path.isfile(config):
-        with open(config) as f:
-            quantization = (json.load(f) or {}).get("quantization_config")
+        try:
+            with open(config, encoding="utf-8") as f:
+                settings = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{label}: {config} cannot be read as a model config ({e})") from None
+        quantization = settings.get("quantization_config") if isinstance(settings, dict) else None
         if quantization:
             method = quantization.get("quant_method", "quantization_config") if isinstance(quantization, dict) \
                 else "quantization_config"
-    elif not os.path.isdir(model) and QUANTIZED_NAME.search(model):
-        method = QUANTIZED_NAME.search(model).group(0).strip("-_")
+    elif not os.path.isdir(model) and (named := QUANTIZED_NAME.search(model)):
+        method = named.group(0).strip("-_")
     if method is not None:
         raise ValueError(f"{label}: a quantized model ({method}); TARPO trains LoRA over 16-bit weights "
                          "and rolls out over them: give the 16-bit model it was made from (docs/gpu-path.md, "

@@ -329,7 +329,8 @@ def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
     for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
-    check_writable_folder(s.get("OUT_DIR", "runs"), f"OUT_DIR={s.get('OUT_DIR', 'runs')}")
+    out_dir = s.get("OUT_DIR", "runs")
+    check_writable_folder(out_dir, f"OUT_DIR={out_dir}")
     if "DATA_PATH" in s and not os.path.exists(s["DATA_PATH"]):
         raise ValueError(f"DATA_PATH={s['DATA_PATH']}: no such file or folder")
     if "EVAL_DATA_DIR" in s and not os.path.isdir(s["EVAL_DATA_DIR"]):
@@ -376,7 +377,7 @@ def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
     name = s.get("RUN_NAME") or (f"{dataset}-{short}-{algo}-g{trainer['num_generations']}"
                                  f"-bs{batch}-lr{trainer['learning_rate']:g}"
                                  f"-beta{trainer['beta']:g}-b0{b0[0]:g}-s{trainer['seed']}")
-    out = os.path.join(s.get("OUT_DIR", "runs"), name)
+    out = os.path.join(out_dir, name)
     trainer["output_dir"] = out
     return LaunchConfig(
         dataset=dataset, task=data["task"], algo=algo, system=ALGOS[algo].system, model=model,
