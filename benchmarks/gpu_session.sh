@@ -8,6 +8,8 @@
 #                                          # for a third), tests/test_gpu.py
 #   bash benchmarks/gpu_session.sh call2   # Qwen2.5-3B shape: one step at the paper's MATH settings (run_math.sh),
 #                                          # then the compiled decode step against the bandwidth floor, soft vs hard
+#   bash benchmarks/gpu_session.sh positions  # Qwen2.5-3B shape: the compiled step at write positions 64, 512 and
+#                                          # 1,900 of a 2,048-position cache, its cold compile; tests/test_gpu.py
 # Both launcher runs train with torch.backends.cuda.enable_math_sdp(False) (a sitecustomize on PYTHONPATH):
 # an attention call that only the math kernel takes raises "No available kernel" instead of running (issue 44).
 # ALLOW_CPU=1: a CPU smoke run of the plumbing (tiny model, tiny lengths, the .venv's Python, nothing installed).
@@ -109,6 +111,14 @@ case $CALL in
       RUN_NAME=math-paper MAX_STEPS=1 SAVE_STEPS=1 MAX_PROMPT_LENGTH=$PLONG MAX_COMPLETION_LENGTH=$LONG CPU_MAX_HOURS=2
     timed decode-run $(( $(left) - 10 )) "$PY" benchmarks/gpu_session.py decode /tmp/session-q3 "$JSON" \
       $([ "$CPU" = 1 ] && echo --tiny);;
+  positions)  # issue 46: the compiled step at write positions 64, 512, 1,900 of a 2,048-position cache (3B shape)
+    install
+    timed model3 120 "$PY" benchmarks/gpu_session.py model /tmp/session-q3 $SHAPE3
+    timed write-positions $(( $(left) - 100 )) "$PY" benchmarks/bench_write_positions.py --model /tmp/session-q3 \
+      --json "$JSON" $([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1)
+    timed test_gpu $(( $(left) - 10 )) bash -c 'cd tests && exec "$0" -m pytest -q -p no:cacheprovider --rootdir=.. \
+      -c ../pytest.ini -rs -s test_gpu.py' "$PY" > "$DEST/test_gpu.log" 2>&1
+    tail -n 40 "$DEST/test_gpu.log";;
   *) say "unknown call $CALL"; exit 2;;
 esac
 say "done; results in $JSON"

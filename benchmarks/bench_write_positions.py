@@ -1,0 +1,170 @@
+"""The compiled decode step's time at several write positions of one cache (issue 46; docs/rollout-engines.md).
+
+A batch of prompts of ``p`` tokens is prefilled into a cache of ``--cache`` positions (2,048: the MATH preset's
+1,024 + 1,024), and the compiled engine (:mod:`tarpo.engine.static_decode`) decodes ``--steps`` tokens from
+write position ``p``; every step is timed (CUDA events on a GPU, the host clock on the CPU) and the median of
+the steps after the first two (compile or warm-up, capture) is the step time at ``p``. The positions are
+interleaved over ``--rounds`` rounds, all in one process, on one compiled graph (same batch, steps, cache).
+
+The first rollout's total less the same position's later median is the cold compile (and capture) time.
+
+    python benchmarks/bench_write_positions.py --model DIR [--positions 64,512,1900] [--json out.json]
+    python benchmarks/bench_write_positions.py --shape smollm2-135m --batch 8      # a random model, in memory
+
+``--model`` loads a saved model on the launchers' default backend (Unsloth on CUDA where installed; LoRA r 32
+on q/k/v/o); ``--shape`` builds a random one of that shape (:data:`SHAPES`) on the CPU's transformers path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from tarpo.architectures import ARCHITECTURES  # noqa: E402
+from tarpo.config import TarpoConfig  # noqa: E402
+from tarpo.engine import static_decode  # noqa: E402
+from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.router import Router  # noqa: E402
+from tarpo.engine.tagging import token_text_fn  # noqa: E402
+from tarpo.models.backends import make_backbone  # noqa: E402
+from tarpo.models.loading import load_tokenizer, lora_config, resolve_backend, training_policy  # noqa: E402
+from tarpo.models.tiny import left_padded_prompts, random_model_dir  # noqa: E402
+
+SMOLLM2_135M = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0)
+SHAPES = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-3b": ARCHITECTURES["qwen2.5-3b"],
+          "tiny": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096,
+                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)}
+
+
+def load_lora_model(model_dir: str, cuda: bool, cache: int, steps: int):
+    """The model as a launcher trains it (default backend, LoRA r 32 on q/k/v/o), in eval mode."""
+    backend = resolve_backend("auto")
+    config = TarpoConfig(output_dir=tempfile.mkdtemp(prefix="bench-positions-"), lora_r=32, lora_alpha=64,
+                         bf16=cuda, report_to="none", max_prompt_length=cache - steps, max_completion_length=steps)
+    model = training_policy(model_dir, config, backend, "bfloat16" if cuda else "float32")
+    if backend == "hf":
+        from peft import get_peft_model
+        model = get_peft_model(model.to("cuda" if cuda else "cpu"), lora_config(config))
+    return model.eval(), backend
+
+
+class StepClock:
+    """Wraps :func:`tarpo.engine.static_decode.step_runner`: the time of every step call of a rollout."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.calls, self.runner = cuda, [], static_decode.step_runner
+
+    def __enter__(self):
+        def timed_runner(call, device):
+            run, self.calls = self.runner(call, device), []
+
+            def step():
+                if self.cuda:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    run()
+                    end.record()
+                    self.calls.append((start, end))
+                else:
+                    t0 = time.perf_counter()
+                    run()
+                    self.calls.append(time.perf_counter() - t0)
+            return step
+        static_decode.step_runner = timed_runner
+        return self
+
+    def __exit__(self, *exc):
+        static_decode.step_runner = self.runner
+
+    def step_ms(self) -> float:
+        """Median milliseconds of the steps after the first two."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) for s, e in self.calls[2:]]
+        else:
+            times = [1000 * t for t in self.calls[2:]]
+        return statistics.median(times)
+
+
+def measure(model, tok, args, cuda: bool) -> dict:
+    device = torch.device("cuda" if cuda else "cpu")
+    router = Router(model.config.hidden_size, bias=[2.2, 0.0]).to(device)
+    policy = Policy(make_backbone(model), token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router)
+    spec = RolloutSpec(max_new_tokens=args.steps, temperature=0.5, routing="learned", engine="compiled",
+                       max_prompt_length=args.cache - args.steps, batch_size=args.batch)
+    prompts = {p: [x.to(device) for x in left_padded_prompts(args.batch, p, len(tok), tok.pad_token_id, shortest=p)]
+               for p in args.positions}
+    res = {"positions": {}, "cache": static_decode.cache_length(0, args.steps, spec.max_prompt_length)}
+
+    def rollout(p):
+        with StepClock(cuda) as clock:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            hybrid_generate(policy, *prompts[p], spec)
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0, clock.step_ms()
+
+    first_total, _ = rollout(args.positions[0])
+    totals = {p: [] for p in args.positions}
+    steps = {p: [] for p in args.positions}
+    for r in range(args.rounds):
+        for p in (args.positions if r % 2 == 0 else args.positions[::-1]):
+            total, step = rollout(p)
+            totals[p].append(total)
+            steps[p].append(step)
+    for p in args.positions:
+        res["positions"][str(p)] = {"step_ms": statistics.median(steps[p]), "rollout_s": statistics.median(totals[p])}
+    res["first_rollout_s"] = first_total
+    res["compile_s"] = first_total - res["positions"][str(args.positions[0])]["rollout_s"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="a saved model folder (else --shape)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--positions", default="64,512,1900")
+    ap.add_argument("--cache", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", help="write the results here (merged under the key 'write_positions')")
+    args = ap.parse_args()
+    args.positions = [int(p) for p in args.positions.split(",")]
+    cuda = torch.cuda.is_available()
+    t0 = time.perf_counter()
+    if args.model:
+        model_dir = args.model
+    else:
+        shape = {k: v for k, v in SHAPES[args.shape].items() if k != "model_type"}
+        model_dir = random_model_dir(tempfile.mkdtemp(prefix="bench-positions-"), shape, torch.float32,
+                                     arch=SHAPES[args.shape]["model_type"])
+    model, backend = load_lora_model(model_dir, cuda, args.cache, args.steps)
+    load_s = time.perf_counter() - t0
+    res = {"device": torch.cuda.get_device_name() if cuda else "cpu", "backend": backend, "batch": args.batch,
+           "steps": args.steps, "model": args.model or args.shape, "layers": model.config.num_hidden_layers,
+           "load_s": load_s, "torch": torch.__version__,
+           "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default")}
+    res.update(measure(model, load_tokenizer(model_dir), args, cuda))
+    print(json.dumps(res, indent=1))
+    if args.json:
+        from gpu_session import record
+        record(args.json, "write_positions", res)
+
+
+if __name__ == "__main__":
+    main()
