@@ -13,7 +13,8 @@ everything here except Unsloth itself.
 The file (``torch.save``) holds:
 
 - ``hidden``, ``logits``: normed final hidden states and logits at the real positions of a
-  fixed left-padded batch (fp32 copies);
+  fixed left-padded batch (fp32 copies); the transformers backend also writes ``hidden_fp32`` and
+  ``logits_fp32``, the same forward with the model in fp32: the yardstick of both backends' 16-bit error;
 - ``rollout``: a seeded hybrid rollout of that batch (learned routing, the adapter's router);
 - ``keyed`` (with ``--keyed``): rollouts of that batch with keyed noise, learned and HRPO routing, on the eager and the
   compiled engine (:func:`keyed_rollouts`);
@@ -149,8 +150,10 @@ def train_step(model_dir: str, backend: str, bf16: bool, completion: int) -> dic
     from tarpo.models.loading import load_tokenizer, training_policy
     from tarpo.training.trainer import TarpoTrainer
 
-    def reward(prompts, completions, **kw):  # spread inside every group, so advantages are nonzero
-        return [float(len(c) % 7) for c in completions]
+    def reward(prompts, completions, completion_ids, **kw):  # spread inside every group: nonzero advantages
+        # of the token ids, not the text: a random model of a real vocabulary beside a 400-token tokenizer
+        # samples ids that decode to nothing, and a reward of the text was then the same in every row
+        return [float(sum(ids) % 7) for ids in completion_ids]
 
     data = datasets.Dataset.from_list([{"prompt": f"question {i}: what is {i} plus {i + 1}?"} for i in range(8)])
     with tempfile.TemporaryDirectory() as out:
@@ -209,6 +212,8 @@ def main(argv=None) -> int:
     if args.score:
         out["scores"] = teacher_forced(backbone, router, torch.load(args.score)["rollout"], device)
     out["loss"], out["grads"] = loss_and_grads(model, backbone, router, device, args.completion)
+    if args.backend == "hf":  # the yardstick of the 16-bit forwards: the same model and batch in fp32
+        out["hidden_fp32"], out["logits_fp32"] = hidden_and_logits(make_backbone(model.float()), ids, mask)
     del model, backbone
     out["changed"] = None if args.unsloth_on_cpu else train_step(args.model, args.backend, cuda,
                                                                   max(8, args.steps // 4))
@@ -229,6 +234,9 @@ def compare(cand: dict, ref: dict) -> dict:
     return {
         "hidden_rel_err": rel_err(cand["hidden"], ref["hidden"]),
         "logits_rel_err": rel_err(cand["logits"], ref["logits"]),
+        # each backend's error against the transformers forward in fp32 (ref holds it: the hf side)
+        **{f"{what}_rel_err_to_fp32{side}": rel_err(got[what], ref[f"{what}_fp32"])
+           for what in ("hidden", "logits") for side, got in (("", cand), ("_ref", ref))},
         "rollout_soft_steps": int((r["is_soft"] & m).sum()), "rollout_hard_steps": int((~r["is_soft"] & m).sum()),
         "rollout_logp_mean_abs_diff": (s["logp"][m] - r["logp"][m]).abs().mean().item(),
         "rollout_p_soft_max_abs_diff": (s["p_soft"][d] - r["p_soft"][d]).abs().max().item() if d.any() else 0.0,
