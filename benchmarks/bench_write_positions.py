@@ -3,8 +3,11 @@
 A batch of prompts of ``p`` tokens is prefilled into a cache of ``--cache`` positions (2,048: the MATH preset's
 1,024 + 1,024), and the compiled engine (:mod:`tarpo.engine.static_decode`) decodes ``--steps`` tokens from
 write position ``p``; every step is timed (CUDA events on a GPU, the host clock on the CPU) and the median of
-the steps after the first two (compile or warm-up, capture) is the step time at ``p``. The positions are
-interleaved over ``--rounds`` rounds, all in one process, on one compiled graph (same batch, steps, cache).
+the steps after the first two (compile or warm-up, capture) is the step time at ``p``. Each position runs
+with the engine's rule (``written``: attention over the written slots, rounded up to
+:data:`tarpo.engine.static_decode.ATTENTION_BUCKET`) and over the whole cache (``full``, the engine before that
+rule); positions and modes are interleaved over ``--rounds`` rounds, all in one process, on one compiled graph
+(same batch, steps, cache). ``kv_gb_per_step``: the K/V bytes a step reads at the middle of its steps.
 
 The first rollout's total less the same position's later median is the cold compile (and capture) time.
 
@@ -67,19 +70,19 @@ class StepClock:
         self.cuda, self.calls, self.runner = cuda, [], static_decode.step_runner
 
     def __enter__(self):
-        def timed_runner(call, device):
-            run, self.calls = self.runner(call, device), []
+        def timed_runner(call, mask, device):
+            run, self.calls = self.runner(call, mask, device), []
 
-            def step():
+            def step(span):
                 if self.cuda:
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    run()
+                    run(span)
                     end.record()
                     self.calls.append((start, end))
                 else:
                     t0 = time.perf_counter()
-                    run()
+                    run(span)
                     self.calls.append(time.perf_counter() - t0)
             return step
         static_decode.step_runner = timed_runner
@@ -108,7 +111,8 @@ def measure(model, tok, args, cuda: bool) -> dict:
                for p in args.positions}
     res = {"positions": {}, "cache": static_decode.cache_length(0, args.steps, spec.max_prompt_length)}
 
-    def rollout(p):
+    def rollout(p, mode="written"):
+        static_decode.ATTENTION_BUCKET = bucket if mode == "written" else 10 ** 9  # "full": every step, all slots
         with StepClock(cuda) as clock:
             if cuda:
                 torch.cuda.synchronize()
@@ -118,18 +122,25 @@ def measure(model, tok, args, cuda: bool) -> dict:
                 torch.cuda.synchronize()
             return time.perf_counter() - t0, clock.step_ms()
 
+    bucket = static_decode.ATTENTION_BUCKET
     first_total, _ = rollout(args.positions[0])
-    totals = {p: [] for p in args.positions}
-    steps = {p: [] for p in args.positions}
+    runs = [(p, mode) for p in args.positions for mode in args.modes]
+    totals, steps = {run: [] for run in runs}, {run: [] for run in runs}
     for r in range(args.rounds):
-        for p in (args.positions if r % 2 == 0 else args.positions[::-1]):
-            total, step = rollout(p)
-            totals[p].append(total)
-            steps[p].append(step)
-    for p in args.positions:
-        res["positions"][str(p)] = {"step_ms": statistics.median(steps[p]), "rollout_s": statistics.median(totals[p])}
+        for run in (runs if r % 2 == 0 else runs[::-1]):
+            total, step = rollout(*run)
+            totals[run].append(total)
+            steps[run].append(step)
+    static_decode.ATTENTION_BUCKET = bucket
+    kv_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * (
+        model.config.hidden_size // model.config.num_attention_heads) * (2 if cuda else 4)
+    for p, mode in runs:
+        span = static_decode.attention_span(p + args.steps // 2, res["cache"]) if mode == "written" else res["cache"]
+        res["positions"].setdefault(str(p), {})[mode] = {
+            "step_ms": statistics.median(steps[p, mode]), "rollout_s": statistics.median(totals[p, mode]),
+            "kv_gb_per_step": args.batch * span * kv_token / 1e9}
     res["first_rollout_s"] = first_total
-    res["compile_s"] = first_total - res["positions"][str(args.positions[0])]["rollout_s"]
+    res["compile_s"] = first_total - res["positions"][str(args.positions[0])][args.modes[0]]["rollout_s"]
     return res
 
 
@@ -142,9 +153,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="written,full",
+                    help="written: attention over the written slots (the engine's rule); full: over the whole cache")
     ap.add_argument("--json", help="write the results here (merged under the key 'write_positions')")
     args = ap.parse_args()
     args.positions = [int(p) for p in args.positions.split(",")]
+    args.modes = args.modes.split(",")
     cuda = torch.cuda.is_available()
     t0 = time.perf_counter()
     if args.model:

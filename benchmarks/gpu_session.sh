@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu_session.sh call2   # Qwen2.5-3B shape: one step at the paper's MATH settings (run_math.sh),
 #                                          # then the compiled decode step against the bandwidth floor, soft vs hard
 #   bash benchmarks/gpu_session.sh positions  # Qwen2.5-3B shape: the compiled step at write positions 64, 512 and
-#                                          # 1,900 of a 2,048-position cache, its cold compile; tests/test_gpu.py
+#                                          # 1,900 of a 2,048-position cache (attention over the written slots and
+#                                          # over all), its cold compile and kernels; tests/test_gpu.py
 # Both launcher runs train with torch.backends.cuda.enable_math_sdp(False) (a sitecustomize on PYTHONPATH):
 # an attention call that only the math kernel takes raises "No available kernel" instead of running (issue 44).
 # ALLOW_CPU=1: a CPU smoke run of the plumbing (tiny model, tiny lengths, the .venv's Python, nothing installed).
@@ -114,8 +115,10 @@ case $CALL in
   positions)  # issue 46: the compiled step at write positions 64, 512, 1,900 of a 2,048-position cache (3B shape)
     install
     timed model3 120 "$PY" benchmarks/gpu_session.py model /tmp/session-q3 $SHAPE3
-    timed write-positions $(( $(left) - 100 )) "$PY" benchmarks/bench_write_positions.py --model /tmp/session-q3 \
-      --json "$JSON" $([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1)
+    TORCH_LOGS=output_code timed write-positions $(( $(left) - 100 )) "$PY" benchmarks/bench_write_positions.py \
+      --model /tmp/session-q3 --json "$JSON" --rounds 2 $([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1) \
+      2> /tmp/session-code.log || grep -v __output_code /tmp/session-code.log | tail -n 40
+    "$PY" benchmarks/count_kernels.py /tmp/session-code.log --json "$JSON" --key step-kernels | head -n 30
     timed test_gpu $(( $(left) - 10 )) bash -c 'cd tests && exec "$0" -m pytest -q -p no:cacheprovider --rootdir=.. \
       -c ../pytest.ini -rs -s test_gpu.py' "$PY" > "$DEST/test_gpu.log" 2>&1
     tail -n 40 "$DEST/test_gpu.log";;

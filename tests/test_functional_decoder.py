@@ -26,10 +26,11 @@ def model_of(tokenizer, case):
 
 
 CASES = [("qwen2", True, ATTENTION), ("qwen2", False, ALL_LINEAR), ("llama", False, ATTENTION),
-         ("llama", False, ALL_LINEAR)]
+         ("llama", False, ALL_LINEAR), ("qwen2", True, ["q_proj", "v_proj", "up_proj"])]
 
 
-@pytest.mark.parametrize("case", CASES, ids=["qwen2-tied-qkvo", "qwen2-untied-all", "llama3-qkvo", "llama3-all"])
+@pytest.mark.parametrize("case", CASES, ids=["qwen2-tied-qkvo", "qwen2-untied-all", "llama3-qkvo", "llama3-all",
+                                             "qwen2-q-v-up"])
 def test_prefill_and_cached_steps_equal_transformers_forward(tokenizer, case):
     model = model_of(tokenizer, case)
     base = model.get_base_model()
@@ -59,7 +60,27 @@ def test_prefill_and_cached_steps_equal_transformers_forward(tokenizer, case):
     torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
     head = base.get_output_embeddings()
     torch.testing.assert_close(head(got[real]), head(ref[real]), atol=1e-5, rtol=0)
-    assert w.layers[0].q.lora and (w.layers[0].gate.lora != ()) == (case[2] == ALL_LINEAR)
+    # q, k, v grouped (one LoRA product), gate and up too where both carry LoRA; o and down alone; a group
+    # whose projections do not all carry LoRA applies each one's own
+    layer = w.layers[0]
+    assert (layer.qkv.lora != ()) == ("k_proj" in case[2]) and (layer.gate_up.lora != ()) == (case[2] == ALL_LINEAR)
+    if layer.qkv.lora:
+        assert layer.qkv.lora[0][1].shape == (sum(layer.qkv.sizes), 3 * 4)  # block-diagonal B, r = 4
+    else:
+        assert [bool(p.lora) for p in layer.qkv.projections] == [True, False, True]
+
+
+def test_a_groups_lora_product_equals_each_projections_own():
+    """Two projections of one input with different scalings and a B bias on one: the grouped product's outputs
+    are each projection's ``W x + b + s (B (A x) + b_B)`` (fp32; only the matmuls' shapes differ)."""
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    p1 = fd.Projection(r(6, 5), r(6), ((r(2, 5), r(6, 2), None, 0.5),))
+    p2 = fd.Projection(r(3, 5), None, ((r(3, 5), r(3, 3), r(3), 2.0),))
+    x = r(4, 1, 5)
+    got = fd._group_linear(x, fd._group(p1, p2))
+    for out, p in zip(got, (p1, p2)):
+        torch.testing.assert_close(out, fd._linear(x, p), atol=1e-6, rtol=0)
 
 
 def test_refused_what_it_does_not_compute(tokenizer):

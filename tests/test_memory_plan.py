@@ -136,6 +136,23 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
     assert allocated == mp.rollout_bytes(mp.shapes_of(model.config, ATTENTION, 8), run)["kv_cache"]
 
 
+def test_the_compiled_engines_grouped_lora_is_planned():
+    """The grouped LoRA copies the compiled engine makes per rollout (functional_decoder.Group: A stacked, B
+    block-diagonal, for q/k/v and gate/up) are the plan's ``lora_grouped`` elements, exactly."""
+    from peft import LoraConfig, get_peft_model
+
+    from tarpo.engine import functional_decoder as fd
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    for lora_targets in (targets, ATTENTION, ["q_proj", "v_proj"]):
+        model = get_peft_model(tiny("llama", 64, 160, 3, 4, 2, 300), LoraConfig(r=8, target_modules=lora_targets))
+        weights = fd.decoder_weights(model)
+        made = sum(t.numel() for layer in weights.layers for group in (layer.qkv, layer.gate_up)
+                   for a, b, *_ in group.lora for t in (a, b))
+        assert made == mp.shapes_of(model.config, lora_targets, 8).lora_grouped, lora_targets
+        assert made > 0 or lora_targets == ["q_proj", "v_proj"]
+
+
 # a sharded run's per-process plan: 8 decoder layers, so that gathering 2 of them is told apart from the whole
 SHARDED_RUN = dict(d=256, inter=1024, layers=8, heads=4, kv=2, vocab=1024, r=8, rows=4, prompt=16, completion=16, k=4)
 

@@ -300,6 +300,41 @@ def test_one_graph_serves_every_prompt_length_and_smaller_batch_of_a_run(model, 
     assert counters["stats"]["unique_graphs"] == 1
 
 
+def test_attention_over_the_written_slots_draws_what_the_full_cache_draws(model, tokenizer, monkeypatch):
+    """Spans of 64 slots (the bucket made small, so that a rollout of this model crosses one): the steps attend
+    over the first 64 cache slots while the write position is below 64, then over all 128; one compiled graph
+    serves both spans. The same tokens and routes as attending over the whole cache, and as the eager engine
+    (which attends over exactly what is written); the floats within 1e-5 (fp32: the masked slots add exact
+    zeros, and only the softmax's reduction runs over a different length)."""
+    from tarpo.engine import static_decode
+
+    token_text, bias = tag_world(tokenizer, model)
+    backbone = BiasedBackbone(model, bias)
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
+    enc = encode_prompts(tokenizer, PROMPTS)
+    spans, runner = [], static_decode.step_runner
+
+    def recording_runner(call, mask, device):
+        run = runner(call, mask, device)
+        return lambda span: (spans.append(span), run(span))
+    monkeypatch.setattr(static_decode, "step_runner", recording_runner)
+    out = {}
+    for name, bucket, engine in (("eager", 64, "eager"), ("full", 10**6, "compiled"), ("spans", 64, "compiled")):
+        monkeypatch.setattr(static_decode, "ATTENTION_BUCKET", bucket)
+        spec = RolloutSpec(max_new_tokens=60, temperature=0.8, soft_top_k=5, engine=engine, max_prompt_length=64)
+        spans.clear()
+        torch._dynamo.reset() if name == "full" else None
+        counters.clear()
+        policy = policy_of(backbone, tokenizer, router, token_text=token_text)
+        out[name] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=31)
+        out[name + "_spans"] = sorted(set(spans))
+    assert out["full_spans"] == [128] and out["spans_spans"] == [64, 128]
+    assert counters["stats"]["unique_graphs"] == 0  # the full-cache rollout's graph served the 64-slot span too
+    assert out["spans"].token_ids.shape[1] > 64 - enc.input_ids.shape[1]  # it wrote past slot 64
+    assert_same(out["full"], out["spans"])
+    assert_same(out["eager"], out["spans"])
+
+
 def test_the_compiled_engine_refuses_prompts_or_batches_beyond_the_runs_shape(model, tokenizer):
     enc = encode_prompts(tokenizer, PROMPTS)
     for kw, match in (({"max_prompt_length": 8}, "max_prompt_length=8"), ({"batch_size": 2}, "batch_size=2")):
@@ -315,7 +350,7 @@ class FakeCuda:
     def __init__(self, monkeypatch):
         import contextlib
 
-        self.streams, self.graphs, self.replays = 0, 0, 0
+        self.streams, self.graphs, self.replays, self.pools = 0, 0, 0, []
         fake = self
 
         class Stream:
@@ -334,24 +369,28 @@ class FakeCuda:
 
         for name, value in dict(Stream=Stream, CUDAGraph=Graph, current_stream=lambda *a: Stream.__new__(Stream),
                                 current_device=lambda: 0, stream=lambda s: contextlib.nullcontext(),
-                                graph=lambda g, **kw: contextlib.nullcontext()).items():
+                                graph=lambda g, pool=None: fake.pools.append(pool) or contextlib.nullcontext(),
+                                graph_pool_handle=lambda: object()).items():
             monkeypatch.setattr(torch.cuda, name, value)
 
 
 def test_captured_steps_share_one_side_stream_per_process(monkeypatch):
-    """Each rollout warms its step up on a side stream before capturing it; the stream is the process's
-    one (per device), not one per rollout (the caching allocator keeps a cuBLAS workspace per stream)."""
+    """Each rollout warms its step up on a side stream before capturing it, once per attention span; the stream
+    is the process's one (per device), not one per rollout (the caching allocator keeps a cuBLAS workspace per
+    stream), and a rollout's graphs share one memory pool."""
     from tarpo.engine import static_decode
 
     monkeypatch.setattr(static_decode, "_SIDE_STREAMS", {}, raising=False)
     cuda = FakeCuda(monkeypatch)
-    calls = []
+    calls, mask = [], torch.ones(2, 512)
     for rollout in range(3):
-        run = static_decode.step_runner(lambda: calls.append(1), "cuda")
-        for _ in range(5):
-            run()
-    assert cuda.streams == 1 and cuda.graphs == 3
-    assert len(calls) == 3 * 2 and cuda.replays == 3 * 4  # warm-up and capture run the step; then replays
+        run = static_decode.step_runner(lambda view: calls.append(view.shape[1]), mask, "cuda")
+        for span in (256, 256, 256, 256, 256, 512, 512, 512):
+            run(span)
+    assert cuda.streams == 1 and cuda.graphs == 3 * 2 and len(set(cuda.pools)) == 3
+    assert len(cuda.pools) == 3 * 2  # every capture names its rollout's pool
+    # warm-up and capture run the step, at each span; then replays
+    assert calls == [256, 256, 512, 512] * 3 and cuda.replays == 3 * (4 + 2)
 
 
 def test_the_decode_steps_dynamo_settings_do_not_reach_other_compiled_functions(monkeypatch):

@@ -8,9 +8,10 @@ the modules hold, once per rollout (:func:`decoder_weights`: base weights and bi
 matrices and scaling of each active adapter, the norms, the rotary frequencies), and runs the same
 arithmetic as transformers' modules in the same order (:func:`forward`): RMSNorm in fp32, q/k/v (with
 Qwen2's biases), rotary embedding, attention, o, SwiGLU MLP, each projection ``W x + b + s B (A x)`` as
-PEFT computes it. Whichever backend loaded the model, and whichever forwards it replaced, the step reads
-the same numbers; under the rollout's autocast every matmul runs in the weights' 16-bit dtype, as in the
-eager engine.
+PEFT computes it; the LoRA of projections that read one input (q, k, v; gate, up) is one product an adapter
+(:class:`Group`), as each output is the same dot product (the rounding may differ with the matmul's shape).
+Whichever backend loaded the model, and whichever forwards it replaced, the step reads the same numbers; under
+the rollout's autocast every matmul runs in the weights' 16-bit dtype, as in the eager engine.
 
 The cache is one key and one value tensor per layer, ``[B, H_kv, L, D]``, written at cache slots given as
 a tensor (the step's slot is loop state, so one graph serves every step and prompt length). A single
@@ -35,15 +36,22 @@ class Projection(NamedTuple):
     lora: tuple  # ((A, B, B's bias or None, scaling), ...) of the active adapters
 
 
+class Group(NamedTuple):
+    """Projections that read one input (q, k, v; gate, up): a base matmul each, and each adapter's LoRA as one
+    product for all of them, ``A`` stacked ``[sum r, in]`` and ``B`` block-diagonal ``[sum out, sum r]``
+    (:func:`_group`): two matmuls an adapter for the group instead of two per projection. ``lora`` is empty
+    (each projection then applies its own) where the projections' adapters differ."""
+    projections: tuple  # Projection each; their own lora only where ``lora`` is empty
+    lora: tuple  # ((A, B, B's bias or None, scaling: float, or [sum out] fp32 where the projections' differ), ...)
+    sizes: tuple  # the projections' output sizes (the split of a product)
+
+
 class Layer(NamedTuple):
     input_norm: torch.Tensor
-    q: Projection
-    k: Projection
-    v: Projection
+    qkv: Group
     o: Projection
     post_norm: torch.Tensor
-    gate: Projection
-    up: Projection
+    gate_up: Group
     down: Projection
 
 
@@ -80,6 +88,28 @@ def _projection(module) -> Projection:
     return Projection(base.weight, base.bias, tuple(lora))
 
 
+def _group(*projections: Projection) -> Group:
+    """The LoRA of projections that share an input as one product an adapter (:class:`Group`); the block
+    structure makes each output column the dot product it was alone (the other blocks add exact zeros)."""
+    sizes = tuple(p.weight.shape[0] for p in projections)
+    adapters = [p.lora for p in projections]
+    if not adapters[0] or any(len(a) != len(adapters[0]) for a in adapters):
+        return Group(projections, (), sizes)
+    lora = []
+    for parts in zip(*adapters):  # the i-th active adapter of every projection
+        a = torch.cat([part[0] for part in parts])
+        b = torch.block_diag(*[part[1] for part in parts])
+        bias = None
+        if any(part[2] is not None for part in parts):
+            bias = torch.cat([part[2] if part[2] is not None else part[1].new_zeros(part[1].shape[0])
+                              for part in parts])
+        scalings = [part[3] for part in parts]
+        scaling = scalings[0] if len(set(scalings)) == 1 else torch.cat(
+            [torch.full((size,), s, dtype=torch.float32, device=a.device) for size, s in zip(sizes, scalings)])
+        lora.append((a, b, bias, scaling))
+    return Group(tuple(p._replace(lora=()) for p in projections), tuple(lora), sizes)
+
+
 def rotary_frequencies(config, device) -> tuple[torch.Tensor, float]:
     """The inverse frequencies and scaling of the config's rope type, from transformers' own functions."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -104,11 +134,12 @@ def decoder_weights(model) -> DecoderWeights:
         raise ValueError("the compiled engine has no sliding-window attention: use ENGINE=eager")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"the compiled engine's MLP is SwiGLU; hidden_act={config.hidden_act!r}")
-    layers = tuple(Layer(layer.input_layernorm.weight, _projection(layer.self_attn.q_proj),
-                         _projection(layer.self_attn.k_proj), _projection(layer.self_attn.v_proj),
-                         _projection(layer.self_attn.o_proj), layer.post_attention_layernorm.weight,
-                         _projection(layer.mlp.gate_proj), _projection(layer.mlp.up_proj),
-                         _projection(layer.mlp.down_proj)) for layer in decoder.layers)
+    attn, mlp = (lambda layer: layer.self_attn), (lambda layer: layer.mlp)
+    layers = tuple(Layer(layer.input_layernorm.weight,
+                         _group(*(_projection(getattr(attn(layer), f"{n}_proj")) for n in "qkv")),
+                         _projection(attn(layer).o_proj), layer.post_attention_layernorm.weight,
+                         _group(_projection(mlp(layer).gate_proj), _projection(mlp(layer).up_proj)),
+                         _projection(mlp(layer).down_proj)) for layer in decoder.layers)
     inv_freq, scale = rotary_frequencies(config, decoder.norm.weight.device)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -136,6 +167,19 @@ def _linear(x, p: Projection):
     for a, b, b_bias, scaling in p.lora:
         out = out + F.linear(F.linear(x.to(a.dtype), a), b, b_bias) * scaling
     return out.to(dtype)
+
+
+def _group_linear(x, g: Group) -> tuple:
+    """Each projection of the group applied to ``x``: ``W x + b + s B (A x)``, the LoRA term one product an adapter."""
+    outs = [_linear(x, p) for p in g.projections]
+    if not g.lora:
+        return tuple(outs)
+    dtype = outs[0].dtype
+    total = None
+    for a, b, b_bias, scaling in g.lora:
+        term = F.linear(F.linear(x.to(a.dtype), a), b, b_bias) * scaling
+        total = term if total is None else total + term
+    return tuple((out + part).to(dtype) for out, part in zip(outs, total.split(g.sizes, dim=-1)))
 
 
 def _rotate_half(x):
@@ -174,9 +218,7 @@ def forward(w: DecoderWeights, inputs_embeds, positions, cache, slots, mask, len
     for layer, (keys, values) in zip(w.layers, cache):
         residual = x
         h = _rms_norm(x, layer.input_norm, w.eps)
-        q = _linear(h, layer.q).view(B, n, -1, w.head_dim).transpose(1, 2)
-        k = _linear(h, layer.k).view(B, n, -1, w.head_dim).transpose(1, 2)
-        v = _linear(h, layer.v).view(B, n, -1, w.head_dim).transpose(1, 2)
+        q, k, v = (y.view(B, n, -1, w.head_dim).transpose(1, 2) for y in _group_linear(h, layer.qkv))
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         keys.index_copy_(2, slots, k.to(keys.dtype))
         values.index_copy_(2, slots, v.to(values.dtype))
@@ -184,7 +226,8 @@ def forward(w: DecoderWeights, inputs_embeds, positions, cache, slots, mask, len
         x = residual + _linear(out.transpose(1, 2).reshape(B, n, -1), layer.o)
         residual = x
         h = _rms_norm(x, layer.post_norm, w.eps)
-        x = residual + _linear(F.silu(_linear(h, layer.gate)) * _linear(h, layer.up), layer.down)
+        gate, up = _group_linear(h, layer.gate_up)
+        x = residual + _linear(F.silu(gate) * up, layer.down)
     return _rms_norm(x, w.norm, w.eps)
 
 

@@ -21,6 +21,13 @@ and, on CUDA, replayed as one captured CUDA graph::
   with rows that never run. So training compiles one graph, and evaluation one per task.
   The prompt is prefilled eagerly once; the attention mask is the prompt's mask followed by
   ones: causality hides positions not yet written.
+- **Attention over the positions written.** A step attends over the cache's first ``n`` slots only,
+  ``n`` = the slots written so far rounded up to a multiple of :data:`ATTENTION_BUCKET` (at most ``L``;
+  :func:`attention_span`): early steps read a fraction of the K/V that late ones read. ``n`` is the length
+  of the mask the step is given (a view ``mask[:, :n]``), compiled once as a dynamic size; on CUDA each
+  span is captured as a graph of its own when the write position first reaches it (all of them sharing
+  one memory pool). The slots past ``n`` are masked out anyway, so only the reduction's rounding differs
+  from attending over all ``L`` (tests/test_static_decode.py).
 - **Fixed batch.** Finished rows are not dropped; they ride along and write nothing (their
   records keep pad / False / 0, as the eager engine's). Every ``DONE_CHECK_EVERY`` steps
   the loop looks at a flag "some row is still running" copied without blocking at the
@@ -54,6 +61,8 @@ from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .step import DecodeContext, hybrid_step, new_state
 
 CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
+ATTENTION_BUCKET = 256  # a step attends over the written slots rounded up to a multiple of this: one captured graph
+                        # per multiple on CUDA (8 for the MATH preset's 2,048 positions), at most 255 slots over
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
 # What torch.compile lowers the traced step with: inductor (the default), or a backend named by the environment
 # variable TARPO_COMPILE_BACKEND, e.g. "aot_eager": the same fullgraph trace and functionalisation, run without
@@ -75,7 +84,8 @@ def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask):
 
     ``buf``: ``hidden`` [B, d], ``t`` (0-d long), ``slot`` (0-d long) the cache slot of the next input,
     ``pos`` [B] its position ids, the loop state of :func:`tarpo.engine.step.new_state` and ``keys`` [B] the
-    rows' noise keys; ``rec``, ``cache``, ``mask``: the other buffers of :class:`DecodeBuffers`. The decoder is
+    rows' noise keys; ``rec``, ``cache``: the other buffers of :class:`DecodeBuffers`; ``mask``: the first ``n``
+    slots of its mask (a view, ``n`` > ``slot``): the step attends over those ``n`` slots. The decoder is
     :func:`tarpo.engine.functional_decoder.forward` over ``weights``, the model's own tensors; the context's
     backbone gives the embedding and the head.
     """
@@ -84,9 +94,12 @@ def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask):
     index = t.view(1)
     for name, value in out.records.items():
         rec[name].index_copy_(1, index, value.unsqueeze(1))
-    slot = buf["slot"]
+    slot, span = buf["slot"], mask.shape[1]
+    # the span's size is unbacked (SpanSteps): what is known of it, so that the trace needs no guard on it
+    torch._check(span >= CACHE_BUCKET)
+    torch._check(span <= cache[0][0].shape[2])
     hidden = functional_decoder.forward(weights, out.inputs[:, None], buf["pos"][:, None], cache, slot.view(1),
-                                        functional_decoder.decode_mask(mask, slot))
+                                        functional_decoder.decode_mask(mask, slot), span)
     for name, value in out.state.items():
         buf[name].copy_(value)
     buf["pos"].add_(1)
@@ -140,8 +153,8 @@ class GraphedStep:
     The graph and its memory pool go with this object, at the end of the rollout.
     """
 
-    def __init__(self, call):
-        self.call, self.graph, self.warm = call, None, False
+    def __init__(self, call, pool=None):
+        self.call, self.pool, self.graph, self.warm = call, pool, None, False
 
     def __call__(self) -> None:
         if not self.warm:
@@ -154,7 +167,7 @@ class GraphedStep:
             return
         if self.graph is None:
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, pool=self.pool):
                 self.call()
         self.graph.replay()
 
@@ -171,9 +184,43 @@ def side_stream():
     return _SIDE_STREAMS[index]
 
 
-def step_runner(call, device: torch.device):
-    """What runs one step: the compiled call itself, or on CUDA its captured graph."""
-    return GraphedStep(call) if torch.device(device).type == "cuda" else call
+def attention_span(slot: int, cache_len: int) -> int:
+    """The cache slots a step writing ``slot`` attends over: ``slot + 1`` rounded up to a multiple of
+    :data:`ATTENTION_BUCKET`, at most the cache.
+
+        >>> attention_span(0, 2048), attention_span(255, 2048), attention_span(256, 2048), attention_span(1999, 2048)
+        (256, 256, 512, 2048)
+    """
+    return min(cache_len, -(-(slot + 1) // ATTENTION_BUCKET) * ATTENTION_BUCKET)
+
+
+class SpanSteps:
+    """What runs one step over a given attention span: ``self(n)`` calls ``call(mask[:, :n])``, the view made
+    once per span and its length marked dynamic (one compiled graph serves every span). On CUDA each span's
+    step is a :class:`GraphedStep`, all in one memory pool: the step returns nothing, so no tensor of one
+    capture outlives it, and the graphs run one at a time."""
+
+    def __init__(self, call, mask: torch.Tensor, device):
+        self.call, self.mask, self.cuda = call, mask, torch.device(device).type == "cuda"
+        self.views, self.graphs = {}, {}
+        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
+
+    def __call__(self, span: int) -> None:
+        if span not in self.views:
+            view = self.mask[:, :span]
+            torch._dynamo.decorators.mark_unbacked(view, 1)
+            self.views[span] = view
+            if self.cuda:
+                self.graphs[span] = GraphedStep(functools.partial(self.call, view), self.pool)
+        if self.cuda:
+            self.graphs[span]()
+        else:
+            self.call(self.views[span])
+
+
+def step_runner(call, mask: torch.Tensor, device) -> SpanSteps:
+    """What runs the rollout's steps, ``run(span)`` (:class:`SpanSteps`); a benchmark may wrap it to time them."""
+    return SpanSteps(call, mask, device)
 
 
 class _LateFlag:
@@ -207,7 +254,9 @@ class DecodeBuffers:
         self.cache = functional_decoder.new_cache(weights, B, cache_len, backbone.embed_weight.dtype, device)
         self.rec = new_records(B, new_tokens, k, backbone.embed_weight.shape[1] if full_mix else 0, pad_token_id,
                                device)
-        self.mask = torch.ones(B, cache_len, dtype=torch.long, **z)
+        # one spare column that no step reads: a span's view mask[:, :n] is then never contiguous, not even the whole
+        # cache's, and one compiled graph serves every span (a contiguous first view was guarded on: a recompile)
+        self.mask = torch.ones(B, cache_len + 1, dtype=torch.long, **z)[:, :cache_len]
         self.buf = dict(hidden=torch.zeros(B, backbone.config.hidden_size, dtype=backbone.embed_weight.dtype, **z),
                         t=torch.zeros((), dtype=torch.long, **z), slot=torch.zeros((), dtype=torch.long, **z),
                         pos=torch.zeros(B, dtype=torch.long, **z),
@@ -265,10 +314,12 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     engine.buf["slot"].fill_(P)
     del hidden
     step = compiled_step(device)
-    run = step_runner(functools.partial(step, ctx, weights, engine.buf, engine.rec, engine.cache, engine.mask), device)
+    run = step_runner(functools.partial(step, ctx, weights, engine.buf, engine.rec, engine.cache), engine.mask,
+                      device)
     flag = _LateFlag()
+    L = engine.mask.shape[1]
     for t in range(T):
-        run()
+        run(attention_span(P + t, L))
         if (t + 1) % DONE_CHECK_EVERY:
             continue
         if lockstep is not None:  # sharded model: every rank steps until no rank has a running row

@@ -60,6 +60,7 @@ class Shapes:
     intermediate: int
     vocab: int
     embedding: int = 0  # parameters of the input embedding and the output head (once if tied)
+    lora_grouped: int = 0  # elements of the compiled engine's grouped LoRA copies (functional_decoder.Group)
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,17 @@ def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     tied = getattr(config, "tie_word_embeddings", False)
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    grouped = 0  # per layer: A stacked [sum r, in] and B block-diagonal [sum out, sum r] of a group all with LoRA
+    for names, outs in ((("q_proj", "k_proj", "v_proj"), (heads * head_dim, kv, kv)),
+                        (("gate_proj", "up_proj"), (config.intermediate_size,) * 2)):
+        if set(names) <= set(lora_targets):
+            grouped += len(names) * lora_r * (config.hidden_size + sum(outs))
     return Shapes(params=params, lora_params=lora, layers=config.num_hidden_layers, hidden=config.hidden_size,
                   heads=heads, kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
                   intermediate=config.intermediate_size, vocab=config.vocab_size,
-                  embedding=config.vocab_size * config.hidden_size * (1 if tied else 2))
+                  embedding=config.vocab_size * config.hidden_size * (1 if tied else 2),
+                  lora_grouped=grouped * config.num_hidden_layers)
 
 
 def cache_positions(run: Run) -> int:
@@ -173,7 +181,10 @@ def rollout_bytes(s: Shapes, run: Run) -> dict:
     if run.engine == "eager":
         step += B * C * (2 * q + s.kv_heads * s.head_dim) * w + B * C * kv_token
     cache = B * C * kv_token if run.engine == "compiled" else 0
-    return {**persistent_bytes(s, run, "rollout"), "kv_cache": cache, "prefill|decode": max(prefill, step),
+    # the compiled engine's grouped LoRA (A stacked, B block-diagonal), in LoRA's dtype: fp32 at most
+    lora_groups = 4 * s.lora_grouped if run.engine == "compiled" else 0
+    return {**persistent_bytes(s, run, "rollout"), "kv_cache": cache, "lora_groups": lora_groups,
+            "prefill|decode": max(prefill, step),
             "records": 3 * records_bytes(s, run)}  # last step's batch, the decode buffers, their cut copy
 
 
