@@ -29,10 +29,17 @@ def main() -> None:
     ap.add_argument("--data", default=None, help="a local GSM8K folder (else synthetic questions)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--shape", choices=["narrow", "smollm2-135m"], default="narrow",
+                    help="narrow: width 128, 4/2 heads; smollm2-135m: width 576, 9/3 heads, MLP 1,536, 49,152 ids")
+    ap.add_argument("--engines", default="auto,eager", help="the engines compared, e.g. compiled,eager,auto")
+    ap.add_argument("--max-new-tokens", default="32")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="bench-cpu-engine-")
     tok = char_tokenizer()
-    model = tiny_causal_lm(tok, "llama", hidden_size=128, layers=args.layers, heads=4, kv_heads=2)
+    shape = dict(hidden_size=128, heads=4, kv_heads=2)
+    if args.shape == "smollm2-135m":
+        shape = dict(hidden_size=576, heads=9, kv_heads=3, intermediate_size=1536, vocab_size=49152)
+    model = tiny_causal_lm(tok, "llama", layers=args.layers, **shape)
     model.save_pretrained(os.path.join(root, "model"))
     tok.save_pretrained(os.path.join(root, "model"))
     data = args.data
@@ -46,21 +53,23 @@ def main() -> None:
         start = time.perf_counter()
         status = cli(["eval", "--model", os.path.join(root, "model"), "--tasks", "gsm8k", "--data-dir",
                       os.path.dirname(data) if args.data else root, "--limit", "8", "--n", "2", "--mode", "cot",
-                      "--max-new-tokens", "32", "--engine", engine, "--out", out])
+                      "--max-new-tokens", args.max_new_tokens, "--engine", engine, "--out", out])
         assert status == 0
         return time.perf_counter() - start
 
     evaluate("eager", os.path.join(root, "warm-up"))  # imports and first calls, timed for neither
-    times = {"auto": [], "eager": []}
+    engines = args.engines.split(",")
+    times = {engine: [] for engine in engines}
     for r in range(args.rounds):
-        for engine in ("auto", "eager") if r % 2 == 0 else ("eager", "auto"):
+        for engine in engines if r % 2 == 0 else engines[::-1]:
             out = os.path.join(root, f"{engine}-{r}")
             times[engine].append(evaluate(engine, out))
             settings = json.load(open(os.path.join(out, "gsm8k.settings.json")))
             print(f"round {r} engine={engine}: {times[engine][-1]:.1f} s (settings: engine={settings.get('engine')})")
-    auto, eager = sum(times["auto"]), sum(times["eager"])
-    print(f"{args.layers} layers, {args.rounds} rounds: auto {auto:.1f} s, eager {eager:.1f} s")
-    print(f"auto/eager={auto / eager:.3f}")
+    total = {engine: sum(t) for engine, t in times.items()}
+    print(f"{args.shape}, {args.layers} layers, {args.rounds} rounds: "
+          + ", ".join(f"{engine} {t:.1f} s" for engine, t in total.items()))
+    print(" ".join(f"{engine}/eager={t / total['eager']:.3f}" for engine, t in total.items() if engine != "eager"))
 
 
 if __name__ == "__main__":

@@ -51,11 +51,13 @@ SHAPES = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-3b": ARCHITECTURES["qwen2.5-3b"
                        rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)}
 
 
-def load_lora_model(model_dir: str, cuda: bool, cache: int, steps: int):
-    """The model as a launcher trains it (default backend, LoRA r 32 on q/k/v/o), in eval mode."""
+def load_lora_model(model_dir: str, cuda: bool, cache: int, steps: int, targets: str | None = None):
+    """The model as a launcher trains it (default backend, LoRA r 32 on q/k/v/o or ``targets``), in eval mode."""
     backend = resolve_backend("auto")
+    extra = {"lora_target_modules": targets.split(",")} if targets else {}
     config = TarpoConfig(output_dir=tempfile.mkdtemp(prefix="bench-positions-"), lora_r=32, lora_alpha=64,
-                         bf16=cuda, report_to="none", max_prompt_length=cache - steps, max_completion_length=steps)
+                         bf16=cuda, report_to="none", max_prompt_length=cache - steps, max_completion_length=steps,
+                         **extra)
     model = training_policy(model_dir, config, backend, "bfloat16" if cuda else "float32")
     if backend == "hf":
         from peft import get_peft_model
@@ -70,19 +72,19 @@ class StepClock:
         self.cuda, self.calls, self.runner = cuda, [], static_decode.step_runner
 
     def __enter__(self):
-        def timed_runner(call, mask, device):
-            run, self.calls = self.runner(call, mask, device), []
+        def timed_runner(call, *where):  # (mask, device); (device) in the engine before issue 46
+            run, self.calls = self.runner(call, *where), []
 
-            def step(span):
+            def step(*span):
                 if self.cuda:
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    run(span)
+                    run(*span)
                     end.record()
                     self.calls.append((start, end))
                 else:
                     t0 = time.perf_counter()
-                    run(span)
+                    run(*span)
                     self.calls.append(time.perf_counter() - t0)
             return step
         static_decode.step_runner = timed_runner
@@ -112,7 +114,8 @@ def measure(model, tok, args, cuda: bool) -> dict:
     res = {"positions": {}, "cache": static_decode.cache_length(0, args.steps, spec.max_prompt_length)}
 
     def rollout(p, mode="written"):
-        static_decode.ATTENTION_BUCKET = bucket if mode == "written" else 10 ** 9  # "full": every step, all slots
+        if bucket is not None:  # None: the engine before issue 46, which always attends over the whole cache
+            static_decode.ATTENTION_BUCKET = bucket if mode == "written" else 10 ** 9  # "full": all slots
         with StepClock(cuda) as clock:
             if cuda:
                 torch.cuda.synchronize()
@@ -122,7 +125,7 @@ def measure(model, tok, args, cuda: bool) -> dict:
                 torch.cuda.synchronize()
             return time.perf_counter() - t0, clock.step_ms()
 
-    bucket = static_decode.ATTENTION_BUCKET
+    bucket = getattr(static_decode, "ATTENTION_BUCKET", None)
     first_total, _ = rollout(args.positions[0])
     runs = [(p, mode) for p in args.positions for mode in args.modes]
     totals, steps = {run: [] for run in runs}, {run: [] for run in runs}
@@ -131,11 +134,14 @@ def measure(model, tok, args, cuda: bool) -> dict:
             total, step = rollout(*run)
             totals[run].append(total)
             steps[run].append(step)
-    static_decode.ATTENTION_BUCKET = bucket
+    if bucket is not None:
+        static_decode.ATTENTION_BUCKET = bucket
     kv_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * (
         model.config.hidden_size // model.config.num_attention_heads) * (2 if cuda else 4)
     for p, mode in runs:
-        span = static_decode.attention_span(p + args.steps // 2, res["cache"]) if mode == "written" else res["cache"]
+        span = res["cache"]
+        if mode == "written" and hasattr(static_decode, "attention_span"):
+            span = static_decode.attention_span(p + args.steps // 2, res["cache"])
         res["positions"].setdefault(str(p), {})[mode] = {
             "step_ms": statistics.median(steps[p, mode]), "rollout_s": statistics.median(totals[p, mode]),
             "kv_gb_per_step": args.batch * span * kv_token / 1e9}
@@ -148,6 +154,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a saved model folder (else --shape)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--layers", type=int, help="--shape with this many decoder layers")
+    ap.add_argument("--lora-targets", default=None, help="comma-separated LoRA targets (default: the launchers')")
+    ap.add_argument("--regional", choices=["default", "on", "off"], default="default",
+                    help="each decoder layer a nested compile region (static_decode.REGIONAL_COMPILE) on this device, "
+                         "or not; default: the engine's setting (on for the CPU, off for CUDA)")
+    ap.add_argument("--log-code", action="store_true",
+                    help="log inductor's generated code (TORCH_LOGS=output_code; set after loading, as importing "
+                         "Unsloth sets every torch log to CRITICAL): benchmarks/count_kernels.py counts it")
     ap.add_argument("--positions", default="64,512,1900")
     ap.add_argument("--cache", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=24)
@@ -160,16 +174,23 @@ def main() -> None:
     args.positions = [int(p) for p in args.positions.split(",")]
     args.modes = args.modes.split(",")
     cuda = torch.cuda.is_available()
+    if args.regional != "default":
+        static_decode.REGIONAL_COMPILE["cuda" if cuda else "cpu"] = args.regional == "on"
     t0 = time.perf_counter()
     if args.model:
         model_dir = args.model
     else:
         shape = {k: v for k, v in SHAPES[args.shape].items() if k != "model_type"}
+        shape["num_hidden_layers"] = args.layers or shape["num_hidden_layers"]
         model_dir = random_model_dir(tempfile.mkdtemp(prefix="bench-positions-"), shape, torch.float32,
                                      arch=SHAPES[args.shape]["model_type"])
-    model, backend = load_lora_model(model_dir, cuda, args.cache, args.steps)
+    model, backend = load_lora_model(model_dir, cuda, args.cache, args.steps, args.lora_targets)
     load_s = time.perf_counter() - t0
+    if args.log_code:
+        import logging
+        torch._logging.set_logs(output_code=True, all=logging.WARNING)
     res = {"device": torch.cuda.get_device_name() if cuda else "cpu", "backend": backend, "batch": args.batch,
+           "regional": getattr(static_decode, "REGIONAL_COMPILE", {}).get("cuda" if cuda else "cpu", False),
            "steps": args.steps, "model": args.model or args.shape, "layers": model.config.num_hidden_layers,
            "load_s": load_s, "torch": torch.__version__,
            "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default")}

@@ -45,10 +45,10 @@ from tarpo.evaluation.results import package_versions  # noqa: E402
 from tarpo.atomic_files import write_json_atomic, write_text_atomic  # noqa: E402
 from tarpo.models.backends import make_backbone  # noqa: E402
 from tarpo.models.loading import lora_config, resolve_backend  # noqa: E402
-from tarpo.training.objective import LossSettings, tarpo_loss  # noqa: E402
+from tarpo.training.objective import LossSettings, rollout_loss  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
-from tarpo.training.scoring import score_rollout  # noqa: E402
+from tarpo.training.scoring import ScoreSettings, score_rollout  # noqa: E402
 from tarpo.engine.tagging import token_text_fn  # noqa: E402
 from tarpo.models.tiny import QWEN25_3B, QWEN25_15B, left_padded_prompts, random_model_dir, synthetic_rollout  # noqa: E402
 
@@ -163,12 +163,9 @@ def bench_train_step(path, backend, device, args, config):
     losses = []
 
     def step():
-        scores = score_rollout(make_backbone(model), router, ref, rollout, temperature=0.5, chunk_size=1024,
-                               use_router=True, with_reference=True)
-        loss, _ = tarpo_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), logp_tok=scores.logp_tok,
-                             logp_act=scores.logp_act, p_hard=scores.p_hard, kl_tok=scores.kl_tok,
-                             kl_act=scores.kl_act, advantages=adv, completion_mask=rollout.completion_mask,
-                             is_soft=rollout.is_soft, decided=rollout.decided)
+        scores = score_rollout(make_backbone(model), router, ref, rollout,
+                               ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True))
+        loss, _ = rollout_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), scores, rollout, adv)
         loss.backward()
         losses.append(loss.item())
         model.zero_grad(set_to_none=True)

@@ -214,3 +214,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def loss_of(settings, **tensors):
+    """:func:`tarpo.training.objective.tarpo_loss` of keyword tensors: the current policy's (the fields of
+    :class:`tarpo.training.scoring.StepScores`) and the batch's (:class:`tarpo.training.objective.LossBatch`)."""
+    from dataclasses import fields
+
+    from tarpo.training.objective import LossBatch, tarpo_loss
+    from tarpo.training.scoring import StepScores
+
+    names = {f.name for f in fields(StepScores)}
+    scores = StepScores(**{k: v for k, v in tensors.items() if k in names})
+    return tarpo_loss(settings, scores, LossBatch(**{k: v for k, v in tensors.items() if k not in names}))

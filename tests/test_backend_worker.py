@@ -33,7 +33,7 @@ def test_two_processes_of_one_backend_agree_and_train_every_tensor(tmp_path):
     assert got["hidden_rel_err"] == 0 and got["logits_rel_err"] == 0
     # exact: an fp32 model is its own fp32 yardstick (.float() changes nothing)
     assert got["hidden_rel_err_to_fp32"] == got["hidden_rel_err_to_fp32_ref"] == 0
-    assert got["logits_rel_err_to_fp32"] == got["logits_rel_err_to_fp32_ref"] == 0
+    assert got["logits_rel_err_to_fp32"] == got["logits_rel_err_to_fp32_ref"] == 0  # exact: the same, for the logits
     assert got["rollout_soft_steps"] > 0 and got["rollout_hard_steps"] > 0
     assert got["rollout_logp_mean_abs_diff"] < 1e-5 and got["rollout_p_soft_max_abs_diff"] < 1e-5
     assert got["free_running_token_agreement"] == 1.0

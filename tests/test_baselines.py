@@ -7,15 +7,16 @@ from dataclasses import replace
 import pytest
 import torch
 
+from helpers import loss_of
 from helpers import BiasedBackbone, policy_of, encode_prompts
 from tarpo.config import TarpoConfig
 from tarpo.engine.soft_input import GaussianSoftTokens, HrpoGate
 from tarpo.engine.mixture import build_inputs_embeds, normalised_full_mixture
-from tarpo.training.objective import LossSettings, tarpo_loss
+from tarpo.training.objective import LossSettings
 from tarpo.algorithms import ALGOS
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.sampling import filter_logits
-from tarpo.training.scoring import score_rollout, sequence_hidden
+from tarpo.training.scoring import ScoreSettings, score_rollout, sequence_hidden
 from tarpo.models.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer
 from helpers import DATA, letter_reward, make_args, make_dataset, needs_data
@@ -103,12 +104,12 @@ def test_loss_terms_of_the_latent_baselines_by_hand():
               is_soft=torch.tensor([[True, False, False]]), decided=torch.tensor([[True, True, False]]))
     settings = LossSettings(lambda_act=0.1, beta=0.0, alpha=1.0, use_router=False)
     logp = torch.tensor([[-1.0, -2.0, -3.0]])
-    tarpo, _ = tarpo_loss(settings, logp_tok=logp, **kw)
+    tarpo, _ = loss_of(settings, logp_tok=logp, **kw)
     assert tarpo.item() == pytest.approx(-(-2 - 3) * 2 / 3)  # the soft step's placeholder is out
-    hrpo, _ = tarpo_loss(replace(settings, token_loss_on_soft=True), logp_tok=logp, **kw)
+    hrpo, _ = loss_of(replace(settings, token_loss_on_soft=True), logp_tok=logp, **kw)
     assert hrpo.item() == pytest.approx(-(-1 - 2 - 3) * 2 / 3)  # the blended token was fed: in
     log_density = torch.tensor([[-10.0, 99.0, 99.0]])  # only the soft step's Gaussian term counts
-    soft_tokens, _ = tarpo_loss(settings, logp_tok=logp, logp_soft_input=log_density, **kw)
+    soft_tokens, _ = loss_of(settings, logp_tok=logp, logp_soft_input=log_density, **kw)
     assert soft_tokens.item() == pytest.approx(-(-2 - 3 - 10) * 2 / 3)
 
 
@@ -131,8 +132,9 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
     assert out.is_soft.any() and (out.is_soft == out.decided).all()  # every thinking step is soft
     assert out.units.min() < out.units.max()
     with torch.no_grad():
-        scores = score_rollout(backbone, None, None, out, temperature=0.8, chunk_size=7, use_router=False,
-                               with_reference=False, soft_module=soft_module)
+        scores = score_rollout(backbone, None, None, out,
+                               ScoreSettings(temperature=0.8, chunk_size=7, use_router=False, with_reference=False),
+                                             soft_module=soft_module)
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     assert out.soft_inputs.shape[-1] == (0 if mixture == "top_k" else model.config.hidden_size)
     if mixture == "full":  # the recorded m is HRPO's (p . E) / |p|_2 of the top-20-filtered logits that step
@@ -183,6 +185,7 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     from safetensors.torch import save_file
 
     from tarpo.evaluation.sample import sample
+    from tarpo.evaluation.system import System
     from tarpo.engine.soft_input import HRPO_WEIGHTS
     from tarpo.models.loading import load_gate
 
@@ -202,12 +205,12 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     with pytest.raises(ValueError, match=r"old/hrpo_gate.safetensors: no mixture in its metadata"):
         load_gate(str(old))
     examples = [{"id": "q", "prompt": [{"role": "user", "content": "question 1?"}]}]
-    recs = sample(trainer.model, None, tokenizer, examples, 2, RolloutSpec(max_new_tokens=8), mode="hrpo",
-                  max_prompt_length=64, gate=gate, generator=torch.Generator().manual_seed(0))
+    system = System(trainer.model, None, gate, tokenizer, torch.device("cpu"), "hrpo")
+    recs = sample(system, examples, 2, RolloutSpec(max_new_tokens=8), max_prompt_length=64,
+                  generator=torch.Generator().manual_seed(0))
     assert len(recs) == 2 and all(r["soft_steps"] > 0 for r in recs)
     with pytest.raises(ValueError, match="needs a trained HRPO gate"):
-        sample(trainer.model, None, tokenizer, examples, 1, RolloutSpec(max_new_tokens=4), mode="hrpo",
-               max_prompt_length=64)
+        sample(system._replace(gate=None), examples, 1, RolloutSpec(max_new_tokens=4), max_prompt_length=64)
 
 
 def test_entropy_routing_thresholds_the_entropy_at_entropy_temperature(model, tokenizer):

@@ -9,8 +9,9 @@ import torch
 from transformers import TrainingArguments
 from trl import GRPOConfig
 
+from helpers import loss_of
 from tarpo.config import HONOURED, INERT, PINNED, TarpoConfig
-from tarpo.training.objective import LossSettings, group_advantages, k3, tarpo_loss
+from tarpo.training.objective import LossSettings, group_advantages, k3
 from tarpo.engine.rollout import RolloutSpec
 from tarpo.models.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer
@@ -82,7 +83,7 @@ def test_the_default_loss_type_and_scale_rewards_are_trls_grpo_and_group():
     ref = -torch.rand(8, 6)
     beta = 0.05
     zeros = torch.zeros(8, 6)
-    ours, _ = tarpo_loss(LossSettings(lambda_act=0.1, beta=beta, alpha=1.0, use_router=False), logp_tok=logp,
+    ours, _ = loss_of(LossSettings(lambda_act=0.1, beta=beta, alpha=1.0, use_router=False), logp_tok=logp,
                          logp_act=zeros, p_hard=torch.ones(8, 6), kl_tok=k3(logp, ref), kl_act=zeros,
                          advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=mask)
     per_token = -torch.exp(logp - logp.detach()) * adv[:, None] + beta * k3(logp, ref)

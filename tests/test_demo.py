@@ -43,7 +43,8 @@ def test_the_shared_prefix_loss_equals_the_loss_of_the_full_rows(arch):
     from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
 
     tok = char_tokenizer()
-    model = tiny_causal_lm(tok, arch, 32, 2, 4, 2, 64, seed=0).train()
+    model = tiny_causal_lm(tok, arch, seed=0, hidden_size=32, layers=2, heads=4, kv_heads=2,
+                           intermediate_size=64).train()
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(5, len(tok), (7,), generator=gen)
     lengths = [5, 9, 3]

@@ -88,3 +88,33 @@ def test_refused_what_it_does_not_compute(tokenizer):
                                                                          lora_dropout=0.1))
     with pytest.raises(ValueError, match="LORA_DROPOUT=0"):
         fd.decoder_weights(model)
+
+
+def test_regional_forward_traces_one_layer_once(tokenizer):
+    """``regional=True``: under torch.compile each layer is a call of one nested compile region (traced once,
+    called per layer); ``regional=False`` unrolls the layers. Both compute the eager forward's numbers."""
+    model = model_of(tokenizer, ("llama", False, ALL_LINEAR))
+    w = fd.decoder_weights(model)
+    E = model.get_base_model().get_input_embeddings().weight
+    B, P = 2, 5
+    ids, mask = torch.randint(5, len(tokenizer), (B, P)), torch.ones(B, P, dtype=torch.long)
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        ref = fd.forward(w, E[ids], positions_from_mask(mask), fd.new_cache(w, B, P, E.dtype, "cpu"), torch.arange(P),
+                         fd.prefill_mask(mask), P)
+        for regional in (True, False):
+            graphs.clear()
+            torch._dynamo.reset()
+            step = torch.compile(lambda c: fd.forward(w, E[ids], positions_from_mask(mask), c, torch.arange(P),
+                                                      fd.prefill_mask(mask), P, regional), backend=recording,
+                                 fullgraph=True)
+            got = step(fd.new_cache(w, B, P, E.dtype, "cpu"))
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+            calls = [n for n in graphs[0].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+            subgraphs = {n.args[0].target for n in calls}
+            assert (len(calls), len(subgraphs)) == ((len(w.layers), 1) if regional else (0, 0))

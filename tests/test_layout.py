@@ -262,13 +262,18 @@ def used_only_by_tests(package: dict[str, str], production: list[str], tests: li
             names, attributes = names | n, attributes | a
         return names, attributes
 
+    # (receiver, name) pairs that resolve elsewhere: a module's own function or class, another class's method
+    elsewhere = {(module if owner is None else owner, name)
+                 for path, source in package.items() for module, owner, name in definitions(path, source)}
+
     def named(module, owner, name, names, attributes):
-        if owner is not None:
-            return name in names or any(attribute == name for _, attribute in attributes)
+        if owner is not None:  # a method: ``.name`` on what does not resolve to another definition, or a string
+            return any(attribute == name and (receiver == owner or (receiver, name) not in elsewhere)
+                       for receiver, attribute in attributes)
         return name in names or (module, name) in attributes
 
     used, in_tests = gather(production), gather(tests)
-    used = (used[0] | set(words), used[1])
+    used = (used[0] | set(words), used[1] | {(None, w) for w in words})
     return [f"{path}:{owner + '.' if owner else ''}{name}" for path, source in sorted(package.items())
             for module, owner, name in definitions(path, source)
             if named(module, owner, name, *in_tests) and not named(module, owner, name, *used)]
@@ -301,6 +306,14 @@ def test_a_name_used_only_by_tests_is_found():
     assert used_only_by_tests(package, production, tests) == ["tarpo/x.py:oracle", "tarpo/x.py:by_attribute",
                                                                "tarpo/x.py:C.m"]
     assert used_only_by_tests(package, production, tests, words={"oracle", "m"}) == ["tarpo/x.py:by_attribute"]
+    # a method named like a function or another class's method is told apart by its receiver where it can be:
+    # the function ``sample`` (by name and as ``y.sample``) and ``D.sample`` do not make ``C.sample`` used
+    package = {"tarpo/y.py": "def sample(): pass\nclass C:\n    def sample(self): pass\n"
+                             "class D:\n    def sample(self): pass\n"}
+    production = ["from tarpo.y import sample\nfrom tarpo import y\nsample(), y.sample(), D.sample(None)\n"]
+    tests = ["c.sample()\n"]
+    assert used_only_by_tests(package, production, tests) == ["tarpo/y.py:C.sample"]
+    assert used_only_by_tests(package, production + ["rng.sample(x)\n"], tests) == []  # unresolved: counted
 
 
 def test_the_readme_layout_table_is_the_tree():

@@ -12,9 +12,10 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
+from helpers import loss_of
 from tarpo.config import IS_CORRECTIONS, LOSS_TYPES
 from tarpo.training.objective import (LossSettings, group_advantages, high_entropy_mask, k3,
-                                      mismatch_weights, tarpo_loss)
+                                      mismatch_weights)
 
 B, T = 4, 5
 
@@ -57,7 +58,7 @@ def ours(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_high=0.
     zeros = torch.zeros_like(logp)
     settings = LossSettings(lambda_act=0.5, beta=beta, alpha=1.0, use_router=False, clip_eps=eps,
                             clip_eps_high=eps_high, loss_type=loss_type, level=level, max_completion_length=T, **kw)
-    return tarpo_loss(settings, logp_tok=logp, logp_act=zeros, p_hard=torch.ones_like(logp), kl_tok=k3(logp, ref),
+    return loss_of(settings, logp_tok=logp, logp_act=zeros, p_hard=torch.ones_like(logp), kl_tok=k3(logp, ref),
                       kl_act=zeros, advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=mask,
                       old_logp_tok=old, num_units=mask.sum().float(), entropy_mask=entropy_mask)[0]
 
@@ -100,7 +101,7 @@ def router_example():
 def test_the_router_term_is_aggregated_like_the_token_term(loss_type):
     mask, decided, logp_act, adv = router_example()
     zeros = torch.zeros(2, 4)
-    _, terms = tarpo_loss(LossSettings(lambda_act=1.0, beta=0.0, alpha=0.0, loss_type=loss_type,
+    _, terms = loss_of(LossSettings(lambda_act=1.0, beta=0.0, alpha=0.0, loss_type=loss_type,
                                        max_completion_length=8), logp_tok=zeros, logp_act=logp_act,
                           p_hard=torch.ones(2, 4), kl_tok=zeros, kl_act=zeros, advantages=adv, completion_mask=mask,
                           is_soft=torch.zeros_like(mask), decided=decided, num_units=3.0)
@@ -116,7 +117,7 @@ def test_sequence_level_router_ratio_is_the_mean_over_thinking_steps():
     mask, decided, logp_act, adv = router_example()
     old = logp_act - torch.tensor([[0.2, 0.4, 5.0, 5.0], [0.1, 5.0, 5.0, 5.0]])  # answer steps must not count
     zeros = torch.zeros(2, 4)
-    _, terms = tarpo_loss(LossSettings(lambda_act=1.0, beta=0.0, alpha=0.0, clip_eps=10.0, level="sequence"),
+    _, terms = loss_of(LossSettings(lambda_act=1.0, beta=0.0, alpha=0.0, clip_eps=10.0, level="sequence"),
                           logp_tok=zeros, logp_act=logp_act, p_hard=torch.ones(2, 4), kl_tok=zeros, kl_act=zeros,
                           advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=decided,
                           old_logp_tok=zeros, old_logp_act=old)
@@ -178,7 +179,7 @@ def test_cispo_and_sapo_by_hand_on_the_token_and_the_router_terms(loss_type):
                             sapo_temperature_pos=1.0, sapo_temperature_neg=1.05)
     tok, act = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
     zeros = torch.zeros(2, 3)
-    loss, terms = tarpo_loss(settings, logp_tok=tok, logp_act=act, p_hard=torch.ones(2, 3), kl_tok=zeros,
+    loss, terms = loss_of(settings, logp_tok=tok, logp_act=act, p_hard=torch.ones(2, 3), kl_tok=zeros,
                              kl_act=zeros, advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask),
                              decided=mask, old_logp_tok=old, old_logp_act=old, num_units=5.0)
     value, grad = by_hand(loss_type, steps)
@@ -197,7 +198,7 @@ def test_sapo_on_policy_is_reinforce_and_cispo_on_policy_is_reinforce_scaled_by_
         x = logp.clone().requires_grad_(True)
         settings = LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0, use_router=False, loss_type=loss_type,
                                 clip_eps_high=eps_high)
-        loss, _ = tarpo_loss(settings, logp_tok=x, logp_act=torch.zeros(2, 3), p_hard=torch.ones(2, 3),
+        loss, _ = loss_of(settings, logp_tok=x, logp_act=torch.zeros(2, 3), p_hard=torch.ones(2, 3),
                              kl_tok=torch.zeros(2, 3), kl_act=torch.zeros(2, 3), advantages=adv, completion_mask=mask,
                              is_soft=torch.zeros_like(mask), decided=mask, num_units=5.0)
         units = 5.0 if loss_type == "cispo" else torch.tensor([[3.0], [2.0]]) * 2  # dapo's, grpo's divisors
@@ -329,7 +330,7 @@ def test_every_correction_is_the_identity_when_rollout_and_training_agree(mode, 
     def run(weights):
         lt, la = b["logp"].clone().requires_grad_(True), logp_act.clone().requires_grad_(True)
         settings = LossSettings(lambda_act=0.3, beta=0.04, alpha=1.0, loss_type=loss_type, max_completion_length=T)
-        loss, _ = tarpo_loss(settings, logp_tok=lt, logp_act=la, p_hard=torch.full((B, T), 0.9),
+        loss, _ = loss_of(settings, logp_tok=lt, logp_act=la, p_hard=torch.full((B, T), 0.9),
                              kl_tok=k3(lt, b["ref"]), kl_act=torch.zeros(B, T), advantages=b["adv"],
                              completion_mask=b["mask"], is_soft=torch.zeros_like(b["mask"]), decided=decided,
                              num_units=9.0, is_weights=weights)
@@ -350,10 +351,10 @@ def test_the_correction_weights_the_policy_gradient_and_not_the_kl():
     common = dict(logp_act=zero, p_hard=torch.ones(B, T), kl_act=zero, advantages=b["adv"],
                   completion_mask=b["mask"], is_soft=torch.zeros_like(b["mask"]), decided=b["mask"])
     beta0, beta1 = (LossSettings(lambda_act=0.0, beta=beta, alpha=0.0, use_router=False) for beta in (0.0, 1.0))
-    pg, _ = tarpo_loss(beta0, logp_tok=b["logp"], kl_tok=zero, **common)
-    pg_w, _ = tarpo_loss(beta0, logp_tok=b["logp"], kl_tok=zero, is_weights=(w, w), **common)
-    kl, _ = tarpo_loss(beta1, logp_tok=zero, kl_tok=b["ref"].abs(), **common)
-    kl_w, _ = tarpo_loss(beta1, logp_tok=zero, kl_tok=b["ref"].abs(), is_weights=(w, w), **common)
+    pg, _ = loss_of(beta0, logp_tok=b["logp"], kl_tok=zero, **common)
+    pg_w, _ = loss_of(beta0, logp_tok=b["logp"], kl_tok=zero, is_weights=(w, w), **common)
+    kl, _ = loss_of(beta1, logp_tok=zero, kl_tok=b["ref"].abs(), **common)
+    kl_w, _ = loss_of(beta1, logp_tok=zero, kl_tok=b["ref"].abs(), is_weights=(w, w), **common)
     torch.testing.assert_close(pg_w, pg * 0.5)
     torch.testing.assert_close(kl_w, kl)
 
@@ -387,15 +388,16 @@ def test_the_trainer_builds_the_loss_settings_once_and_masks_the_token_term_by_e
                                                                                        monkeypatch):
     from helpers import letter_reward, make_args, make_dataset
     from tarpo.models.tiny import tiny_causal_lm
+    from tarpo.training import objective
     from tarpo.training import trainer as trainer_module
 
-    seen, loss_fn = [], trainer_module.tarpo_loss
+    seen, loss_fn = [], objective.tarpo_loss
 
-    def recording_loss(**kwargs):
-        seen.append((kwargs["settings"], kwargs["entropy_mask"], kwargs["completion_mask"]))
-        return loss_fn(**kwargs)
+    def recording_loss(settings, scores, batch):
+        seen.append((settings, batch.entropy_mask, batch.completion_mask))
+        return loss_fn(settings, scores, batch)
 
-    monkeypatch.setattr(trainer_module, "tarpo_loss", recording_loss)
+    monkeypatch.setattr(objective, "tarpo_loss", recording_loss)
     args = make_args(tmp_path, max_steps=2, loss_type="sapo", sapo_temperature_neg=1.2, top_entropy_quantile=0.5)
     trainer = trainer_module.TarpoTrainer(model=tiny_causal_lm(tokenizer, seed=2), reward_funcs=letter_reward,
                                           args=args, train_dataset=make_dataset(), processing_class=tokenizer)
@@ -410,13 +412,13 @@ def test_the_trainer_builds_the_loss_settings_once_and_masks_the_token_term_by_e
 
 
 def test_mask_truncated_completions_leaves_cut_rows_out_of_the_loss():
-    from tarpo.training.trainer import TarpoTrainer
+    from tarpo.training.objective import loss_mask
 
     rollout = SimpleNamespace(completion_mask=torch.tensor([[True, True, True], [True, True, False]]),
                               ended_with_eos=torch.tensor([False, True]))
     for on, expected in ((False, rollout.completion_mask), (True, torch.tensor([[False] * 3, [True, True, False]]))):
-        trainer = SimpleNamespace(args=SimpleNamespace(mask_truncated_completions=on))
-        assert torch.equal(TarpoTrainer._loss_mask(trainer, rollout), expected)  # exact: boolean masks
+        settings = LossSettings(lambda_act=0.1, beta=0.0, alpha=0.0, mask_truncated_completions=on)
+        assert torch.equal(loss_mask(settings, rollout), expected)  # exact: boolean masks
 
 
 def test_the_launcher_shows_the_loss_settings_in_its_resolved_config():

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -61,7 +63,7 @@ def test_training_activations_match_a_measured_peak(case):
     LoRA with non-reentrant gradient checkpointing, bf16 weights under the trainer's autocast
     (:func:`tarpo.engine.precision.mixed_precision`), as the trainer runs it."""
     from tarpo.engine.router import Router
-    from tarpo.training.scoring import score_rollout
+    from tarpo.training.scoring import ScoreSettings, score_rollout
 
     arch, d, inter, layers, heads, kv, vocab, mb, P, T = case
     model = tiny(arch, d, inter, layers, heads, kv, vocab).to(torch.bfloat16)
@@ -75,8 +77,8 @@ def test_training_activations_match_a_measured_peak(case):
     mode = LiveStorage()
     backbone = Backbone(model)
     with mode, mixed_precision(backbone):  # the trainer's precision (tests/test_gpu_path.py checks it uses this)
-        s = score_rollout(backbone, router, router.frozen_copy(), rollout, temperature=0.5, chunk_size=1024,
-                          use_router=True, with_reference=True)
+        s = score_rollout(backbone, router, router.frozen_copy(), rollout,
+                          ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True))
         (s.logp_tok.sum() + s.logp_act.sum() + s.kl_tok.sum() + s.kl_act.sum()).backward()
     shapes = mp.shapes_of(model.config, ATTENTION, 8)
     parts = mp.train_bytes(shapes, mp.Run(rows=mb, prompt=P, completion=T, soft_top_k=4), mb)
@@ -127,7 +129,9 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
     run = mp.Run(rows=4, prompt=40, completion=50, engine="compiled")
     assert mp.cache_positions(run) == 128  # 90 rounded up to the bucket of 64
     backbone, weights = Backbone(model), fd.decoder_weights(model)
-    cache = DecodeBuffers(backbone, weights, 4, 50, mp.cache_positions(run), 4, False, 0, "cpu").cache
+    ctx = SimpleNamespace(backbone=backbone, spec=SimpleNamespace(max_new_tokens=50, soft_top_k=4), full_mix=False,
+                          pad_token_id=0)
+    cache = DecodeBuffers(ctx, weights, 4, mp.cache_positions(run), "cpu").cache
     mask = torch.ones(4, 40, dtype=torch.long)
     with torch.no_grad():
         fd.forward(weights, backbone.embed_weight[torch.randint(3, 300, (4, 40))], positions_from_mask(mask), cache,

@@ -24,6 +24,7 @@ import torch
 from helpers import BiasedBackbone
 from transformers import TrainerCallback
 
+from tarpo.training import objective
 from tarpo.training import trainer as trainer_module
 from tarpo.config import TarpoConfig
 from tarpo.models.tiny import tiny_causal_lm
@@ -70,7 +71,7 @@ def perturb(trainer, seed=123):
 def one_step(tokenizer, tmp_path, monkeypatch, routing, shape, reward=letter_reward, **weights):
     per_device, accum = shape
     rollouts, rewards, micro = [], [], []
-    generate, score, loss_fn = trainer_module.hybrid_generate, trainer_module.score_rollout, trainer_module.tarpo_loss
+    generate, score, loss_fn = trainer_module.hybrid_generate, trainer_module.score_rollout, objective.tarpo_loss
 
     def recording_generate(policy, *args, **kwargs):
         bias = torch.zeros(len(tokenizer))
@@ -79,13 +80,13 @@ def one_step(tokenizer, tmp_path, monkeypatch, routing, shape, reward=letter_rew
         rollouts.append(out)
         return out
 
-    def recording_score(backbone, router, ref_router, rollout, **kwargs):
+    def recording_score(backbone, router, ref_router, rollout, *args, **kwargs):
         micro.append({"prompt_ids": rollout.prompt_ids, "token_ids": rollout.token_ids})
-        return score(backbone, router, ref_router, rollout, **kwargs)
+        return score(backbone, router, ref_router, rollout, *args, **kwargs)
 
-    def recording_loss(**kwargs):
-        micro[-1]["advantages"] = kwargs["advantages"].detach().clone()
-        loss, terms = loss_fn(**kwargs)
+    def recording_loss(settings, scores, batch):
+        micro[-1]["advantages"] = batch.advantages.detach().clone()
+        loss, terms = loss_fn(settings, scores, batch)
         micro[-1]["terms"] = terms
         return loss, terms
 
@@ -96,7 +97,7 @@ def one_step(tokenizer, tmp_path, monkeypatch, routing, shape, reward=letter_rew
 
     monkeypatch.setattr(trainer_module, "hybrid_generate", recording_generate)
     monkeypatch.setattr(trainer_module, "score_rollout", recording_score)
-    monkeypatch.setattr(trainer_module, "tarpo_loss", recording_loss)
+    monkeypatch.setattr(objective, "tarpo_loss", recording_loss)
     kw = dict(lambda_act=0.0, beta=0.0, alpha_action_kl=0.0)
     kw.update(weights)
     config = TarpoConfig(

@@ -2,7 +2,8 @@ import math
 
 import torch
 
-from tarpo.training.objective import LossSettings, group_advantages, k3, kl_divergence, tarpo_loss, two_class_kl
+from helpers import loss_of
+from tarpo.training.objective import LossSettings, group_advantages, k3, kl_divergence, two_class_kl
 
 
 def test_group_advantages_hand_values_and_zero_spread():
@@ -67,7 +68,7 @@ def example():
 
 def test_loss_terms_by_hand():
     lam, beta, alpha = 0.1, 0.005, 1.0
-    loss, terms = tarpo_loss(LossSettings(lambda_act=lam, beta=beta, alpha=alpha), **example())
+    loss, terms = loss_of(LossSettings(lambda_act=lam, beta=beta, alpha=alpha), **example())
     # L_tok: soft step (row 0, t=1) excluded; T_0 = 4, T_1 = 2.
     l_tok0 = -(-1.0 - 0.5 - 0.25) / 4 * 1.0
     l_tok1 = -(-3.0 - 1.5) / 2 * -2.0
@@ -85,7 +86,7 @@ def test_loss_terms_by_hand():
 
 
 def test_without_router_action_terms_vanish_and_delta_is_one():
-    loss, terms = tarpo_loss(LossSettings(lambda_act=0.1, beta=1.0, alpha=1.0, use_router=False), **example())
+    loss, terms = loss_of(LossSettings(lambda_act=0.1, beta=1.0, alpha=1.0, use_router=False), **example())
     # exact: without a router the action terms are sums of zeros
     assert terms["loss_act"] == 0 and terms["kl_act"] == 0
     kl0 = (0.1 + 0.2 + 0.3 + 0.4) / 4
@@ -96,9 +97,9 @@ def test_without_router_action_terms_vanish_and_delta_is_one():
 def test_delta_gradient_switch():
     ex = example()
     ex["p_hard"] = ex["p_hard"].clone().requires_grad_(True)
-    loss, _ = tarpo_loss(LossSettings(lambda_act=0.0, beta=1.0, alpha=0.0, detach_kl_weight=True), **ex)
+    loss, _ = loss_of(LossSettings(lambda_act=0.0, beta=1.0, alpha=0.0, detach_kl_weight=True), **ex)
     assert not loss.requires_grad or torch.autograd.grad(loss, ex["p_hard"], allow_unused=True)[0] is None
-    loss, _ = tarpo_loss(LossSettings(lambda_act=0.0, beta=1.0, alpha=0.0, detach_kl_weight=False), **ex)
+    loss, _ = loss_of(LossSettings(lambda_act=0.0, beta=1.0, alpha=0.0, detach_kl_weight=False), **ex)
     g = torch.autograd.grad(loss, ex["p_hard"])[0]
     # d loss / d p_hard[0, 0] = kl_tok[0, 0] / T_0 / B = 0.1 / 4 / 2; answer steps get none.
     torch.testing.assert_close(g[0, 0], torch.tensor(0.1 / 4 / 2))
@@ -109,7 +110,7 @@ def test_zero_spread_group_gives_zero_gradient_not_nan():
     ex = example()
     ex["advantages"] = group_advantages(torch.tensor([1.0, 1.0]), 2)
     ex["logp_tok"] = ex["logp_tok"].clone().requires_grad_(True)
-    loss, _ = tarpo_loss(LossSettings(lambda_act=0.1, beta=0.0, alpha=1.0), **ex)
+    loss, _ = loss_of(LossSettings(lambda_act=0.1, beta=0.0, alpha=1.0), **ex)
     g = torch.autograd.grad(loss, ex["logp_tok"])[0]
     # exact: a constant group's advantages are 0.0, every gradient term is times 0.0
     assert torch.isfinite(loss) and torch.equal(g, torch.zeros_like(g))
@@ -118,8 +119,8 @@ def test_zero_spread_group_gives_zero_gradient_not_nan():
 def test_clipped_ratio_form_equals_reinforce_gradient_on_policy():
     ex = example()
     ex["logp_tok"] = ex["logp_tok"].clone().requires_grad_(True)
-    loss_a, _ = tarpo_loss(LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0), **ex)
-    loss_b, _ = tarpo_loss(LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0), **ex,
+    loss_a, _ = loss_of(LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0), **ex)
+    loss_b, _ = loss_of(LossSettings(lambda_act=0.0, beta=0.0, alpha=0.0), **ex,
                            old_logp_tok=ex["logp_tok"].detach())
     ga = torch.autograd.grad(loss_a, ex["logp_tok"])[0]
     gb = torch.autograd.grad(loss_b, ex["logp_tok"])[0]

@@ -5,7 +5,7 @@ from helpers import BiasedBackbone, ScriptedBackbone, policy_of, encode_prompts
 from tarpo.engine.backbone import Backbone
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
-from tarpo.training.scoring import score_rollout, sequence_hidden
+from tarpo.training.scoring import ScoreSettings, score_rollout, sequence_hidden
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt here"]
 
@@ -68,8 +68,8 @@ def test_compacted_rollout_scores_match_full_forward(model, tokenizer):
     assert units.min() < units.max(), "rows should finish at different steps"
     assert out.ended_with_eos.any()
     with torch.no_grad():
-        scores = score_rollout(backbone, router, None, out, temperature=0.8, chunk_size=7,
-                               use_router=True, with_reference=False)
+        scores = score_rollout(backbone, router, None, out,
+                               ScoreSettings(temperature=0.8, chunk_size=7, use_router=True, with_reference=False))
     m = out.completion_mask
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     p_soft = 1 - scores.p_hard

@@ -13,7 +13,7 @@ from tarpo.engine.mixture import soft_topk
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
 from tarpo.engine.sampling import STREAM_GUMBEL, row_keys, step_uniforms
-from tarpo.training.scoring import score_rollout, sequence_hidden
+from tarpo.training.scoring import ScoreSettings, score_rollout, sequence_hidden
 
 N = 40_000
 
@@ -82,8 +82,9 @@ def test_a_gumbel_rollout_is_rebuilt_exactly_in_training_and_its_draw_is_scored(
                                atol=1e-5, rtol=1e-5)
     # training: the recorded ids and weights give the inputs the rollout fed, so the token log-probs agree
     with torch.no_grad():
-        scores = score_rollout(backbone, router, None, out, temperature=0.8, chunk_size=7, use_router=True,
-                               with_reference=False, soft_module=gumbel)
+        scores = score_rollout(backbone, router, None, out,
+                               ScoreSettings(temperature=0.8, chunk_size=7, use_router=True, with_reference=False),
+                                             soft_module=gumbel)
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     hand = gumbel.log_density(logits.gather(-1, ids), out.soft_weights[soft])
     torch.testing.assert_close(scores.logp_soft_input[soft], hand, atol=1e-3, rtol=1e-4)

@@ -232,11 +232,12 @@ def test_engine_auto_on_the_cpu_times_the_first_rollout_then_picks_by_cost(token
 
 
 def test_engine_choice_on_the_cpu_weighs_the_compile_against_the_decode_time_it_saves():
-    from tarpo.engine.engine_choice import (COMPILE_BASE_S, COMPILE_PER_LAYER_S, COMPILED_SPEEDUP, EngineChooser,
-                                            cpu_choice)
+    from tarpo.engine.engine_choice import (CHOICE_MARGIN, COMPILE_BASE_S, COMPILE_PER_LAYER_S, COMPILED_SPEEDUP,
+                                            EngineChooser, cpu_choice)
 
     compile_s = COMPILE_BASE_S + 4 * COMPILE_PER_LAYER_S
-    breakeven = compile_s / (1 - 1 / COMPILED_SPEEDUP) / 0.01  # decode steps of 10 ms that repay the compile
+    # decode steps of 10 ms that repay the compile CHOICE_MARGIN times over
+    breakeven = CHOICE_MARGIN * compile_s / (1 - 1 / COMPILED_SPEEDUP) / 0.01
     assert cpu_choice(4, int(breakeven * 0.99), 0.01)[0] == "eager"
     assert cpu_choice(4, int(breakeven * 1.01) + 1, 0.01)[0] == "compiled"
     chosen = EngineChooser("auto", layers=4)

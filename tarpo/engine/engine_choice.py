@@ -6,11 +6,12 @@ to a training run, deciding on the CPU by cost.
   :mod:`tarpo.engine.functional_decoder`).
 - **CPU**: the compiled step runs a token about ``COMPILED_SPEEDUP`` times faster than the eager
   loop (``benchmarks/bench_rollout.py``), but inductor's C++ build of it costs about
-  ``COMPILE_BASE_S + COMPILE_PER_LAYER_S * layers`` seconds with a cold cache (2-layer test model:
-  56 s; 30-layer 135M model: about 1,400 s). It is picked only when the decode time it would save
-  over the run's remaining decode steps, at the measured eager speed, is larger than that.
+  ``COMPILE_BASE_S + COMPILE_PER_LAYER_S * layers`` seconds with a cold cache (the layer a nested
+  compile region, built once: docs/rollout-engines.md, "Measured (issue 46)"). It is picked only when
+  the decode time it would save over the run's remaining decode steps, at the measured eager speed,
+  is larger than ``CHOICE_MARGIN`` times that.
 
-    >>> cpu_choice(layers=30, decode_steps=200, eager_step_s=0.6)[0]     # 16 GSM8K questions, 30 layers
+    >>> cpu_choice(layers=30, decode_steps=200, eager_step_s=0.24)[0]    # a 135M model, 16 GSM8K questions x 2
     'eager'
     >>> cpu_choice(layers=4, decode_steps=4800, eager_step_s=0.008)[0]   # the CPU demo's RL run
     'eager'
@@ -23,15 +24,20 @@ from __future__ import annotations
 from ..config import ENGINES
 
 COMPILED_SPEEDUP = 2.4     # eager / compiled seconds per decode step, CPU (benchmarks/bench_rollout.py)
-COMPILE_BASE_S = 20.0      # cold-cache compile of the step on the CPU, fixed part (seconds)
-COMPILE_PER_LAYER_S = 45.0  # and per decoder layer (inductor unrolls the layers into one graph)
+# cold-cache compile of the step on the CPU, 135M shape (SmolLM2-135M's, LoRA r 32 on q/k/v/o), 2-core AMD EPYC,
+# benchmarks/bench_write_positions.py: 37.4 s at 2 layers, 39.5 s at 8, 47.7 s at 30 (least squares, rounded up)
+COMPILE_BASE_S = 37.0      # fixed part (seconds): tracing, the step's non-layer code, the C++ build of it all
+COMPILE_PER_LAYER_S = 0.4  # per decoder layer: the layer is compiled once (a nested compile region), then reused
+# compiled only where it would save this many times its estimated compile: the estimate is one machine's, and a
+# slower CPU compiles slower too (the CPU demo's RL run would save ~25 s against ~39 s: it stays eager with room)
+CHOICE_MARGIN = 2.0
 
 
 def cpu_choice(layers: int, decode_steps: int, eager_step_s: float) -> tuple[str, str]:
     """``(engine, why)`` on the CPU for ``decode_steps`` more steps of an eager step of ``eager_step_s``."""
     compile_s = COMPILE_BASE_S + COMPILE_PER_LAYER_S * layers
     saved_s = decode_steps * eager_step_s * (1 - 1 / COMPILED_SPEEDUP)
-    engine = "compiled" if saved_s > compile_s else "eager"
+    engine = "compiled" if saved_s > CHOICE_MARGIN * compile_s else "eager"
     why = (f"CPU: compiling the step (~{compile_s:.0f} s for {layers} layers) would save ~{saved_s:.0f} s over "
            f"{decode_steps} decode steps of {eager_step_s * 1000:.1f} ms")
     return engine, why

@@ -207,28 +207,44 @@ def _attend(q, keys, values, mask):
     return F.scaled_dot_product_attention(q, repeat_kv(keys, groups), repeat_kv(values, groups), attn_mask=mask)
 
 
-def forward(w: DecoderWeights, inputs_embeds, positions, cache, slots, mask, length=None):
+def forward(w: DecoderWeights, inputs_embeds, positions, cache, slots, mask, length=None, regional=False):
     """Normed final hidden states [B, q, d] of ``inputs_embeds`` [B, q, d] at rotary ``positions`` [B, q]; the
     keys and values of the q positions are written into ``cache`` at ``slots`` [q] (long), and every position
-    attends to cache slots ``< length`` (default: all) where ``mask`` [B, 1, q, length] is True."""
-    x, (B, n, _) = inputs_embeds, inputs_embeds.shape
+    attends to cache slots ``< length`` (default: all) where ``mask`` [B, 1, q, length] is True. ``regional``:
+    under ``torch.compile``, each layer is one nested compile region (:func:`_layer_region`), compiled once."""
+    x = inputs_embeds
     cos, sin = _cos_sin(w, positions, x.dtype)
     cos, sin = cos[:, None], sin[:, None]
-    seen = slice(None) if length is None else slice(0, length)
-    for layer, (keys, values) in zip(w.layers, cache):
-        residual = x
-        h = _rms_norm(x, layer.input_norm, w.eps)
-        q, k, v = (y.view(B, n, -1, w.head_dim).transpose(1, 2) for y in _group_linear(h, layer.qkv))
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        keys.index_copy_(2, slots, k.to(keys.dtype))
-        values.index_copy_(2, slots, v.to(values.dtype))
-        out = _attend(q, keys[:, :, seen], values[:, :, seen], mask)
-        x = residual + _linear(out.transpose(1, 2).reshape(B, n, -1), layer.o)
-        residual = x
-        h = _rms_norm(x, layer.post_norm, w.eps)
-        gate, up = _group_linear(h, layer.gate_up)
-        x = residual + _linear(F.silu(gate) * up, layer.down)
+    layer_fn = _layer_region if regional else _layer
+    for layer, kv in zip(w.layers, cache):
+        x = layer_fn(layer, x, (cos, sin), kv, (slots, mask, length), (w.eps, w.head_dim))
     return _rms_norm(x, w.norm, w.eps)
+
+
+def _layer(layer: Layer, x, rope, kv, where, sizes):
+    """One decoder layer of :func:`forward`: ``rope`` (cos, sin), ``kv`` its (keys, values) cache, ``where``
+    (slots, mask, length), ``sizes`` (eps, head_dim)."""
+    (cos, sin), (keys, values), (slots, mask, length), (eps, head_dim) = rope, kv, where, sizes
+    B, n, _ = x.shape
+    seen = slice(None) if length is None else slice(0, length)
+    residual = x
+    h = _rms_norm(x, layer.input_norm, eps)
+    q, k, v = (y.view(B, n, -1, head_dim).transpose(1, 2) for y in _group_linear(h, layer.qkv))
+    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    keys.index_copy_(2, slots, k.to(keys.dtype))
+    values.index_copy_(2, slots, v.to(values.dtype))
+    out = _attend(q, keys[:, :, seen], values[:, :, seen], mask)
+    x = residual + _linear(out.transpose(1, 2).reshape(B, n, -1), layer.o)
+    residual = x
+    h = _rms_norm(x, layer.post_norm, eps)
+    gate, up = _group_linear(h, layer.gate_up)
+    return residual + _linear(F.silu(gate) * up, layer.down)
+
+
+# The layer as a nested compile region: torch.compile traces and compiles it once and stamps that code out for
+# every layer (the same shapes), so the step's compile does not grow with depth (docs/rollout-engines.md); eagerly,
+# a plain call. The price: no fusion across a layer's boundary (a few more kernels a layer).
+_layer_region = torch.compiler.nested_compile_region(_layer)
 
 
 def prefill_mask(prompt_mask: torch.Tensor) -> torch.Tensor:

@@ -56,7 +56,7 @@ import os
 import torch
 
 from . import functional_decoder
-from .backbone import Backbone, positions_from_mask
+from .backbone import positions_from_mask
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .step import DecodeContext, hybrid_step, new_state
 
@@ -64,6 +64,10 @@ CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (doc
 ATTENTION_BUCKET = 256  # a step attends over the written slots rounded up to a multiple of this: one captured graph
                         # per multiple on CUDA (8 for the MATH preset's 2,048 positions), at most 255 slots over
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
+# Each decoder layer a nested compile region (compiled once for all layers: functional_decoder._layer_region), by
+# device. On the CPU, where inductor's C++ build of every layer made a 30-layer model's compile 1.7x a 2-layer one's.
+# Not yet on CUDA: no GPU has run it (docs/gpu/README.md names the check); a GPU compiles the unrolled layers.
+REGIONAL_COMPILE = {"cpu": True, "cuda": False}
 # What torch.compile lowers the traced step with: inductor (the default), or a backend named by the environment
 # variable TARPO_COMPILE_BACKEND, e.g. "aot_eager": the same fullgraph trace and functionalisation, run without
 # code generation (no C++/Triton build). The test suite runs most compiled rollouts that way (tests/conftest.py).
@@ -89,9 +93,9 @@ def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask):
     :func:`tarpo.engine.functional_decoder.forward` over ``weights``, the model's own tensors; the context's
     backbone gives the embedding and the head.
     """
-    t = buf["t"]
-    out = hybrid_step(ctx, buf["hidden"], buf, t, buf["keys"])
-    index = t.view(1)
+    step_index = buf["t"]
+    out = hybrid_step(ctx, buf["hidden"], buf, step_index, buf["keys"])
+    index = step_index.view(1)
     for name, value in out.records.items():
         rec[name].index_copy_(1, index, value.unsqueeze(1))
     slot, span = buf["slot"], mask.shape[1]
@@ -99,7 +103,8 @@ def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask):
     torch._check(span >= CACHE_BUCKET)
     torch._check(span <= cache[0][0].shape[2])
     hidden = functional_decoder.forward(weights, out.inputs[:, None], buf["pos"][:, None], cache, slot.view(1),
-                                        functional_decoder.decode_mask(mask, slot), span)
+                                        functional_decoder.decode_mask(mask, slot), span,
+                                        REGIONAL_COMPILE.get(slot.device.type, False))
     for name, value in out.state.items():
         buf[name].copy_(value)
     buf["pos"].add_(1)
@@ -248,12 +253,13 @@ class _LateFlag:
 class DecodeBuffers:
     """The static buffers of one rollout: cache, mask, loop state, records (see the module doc)."""
 
-    def __init__(self, backbone: Backbone, weights, batch: int, new_tokens: int, cache_len: int, k: int,
-                 full_mix: bool, pad_token_id: int, device):
-        B, z = batch, dict(device=device)
+    def __init__(self, ctx: DecodeContext, weights, batch: int, cache_len: int, device):
+        """For ``batch`` rows of the rollout ``ctx`` (its backbone, ``spec.max_new_tokens`` and ``soft_top_k``,
+        ``full_mix``, ``pad_token_id``) over a cache of ``cache_len`` positions."""
+        B, z, backbone = batch, dict(device=device), ctx.backbone
         self.cache = functional_decoder.new_cache(weights, B, cache_len, backbone.embed_weight.dtype, device)
-        self.rec = new_records(B, new_tokens, k, backbone.embed_weight.shape[1] if full_mix else 0, pad_token_id,
-                               device)
+        self.rec = new_records(B, ctx.spec.max_new_tokens, ctx.spec.soft_top_k,
+                               backbone.embed_weight.shape[1] if ctx.full_mix else 0, ctx.pad_token_id, device)
         # one spare column that no step reads: a span's view mask[:, :n] is then never contiguous, not even the whole
         # cache's, and one compiled graph serves every span (a contiguous first view was guarded on: a recompile)
         self.mask = torch.ones(B, cache_len + 1, dtype=torch.long, **z)[:, :cache_len]
@@ -294,8 +300,7 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     B = check_fits(spec, prompt_ids)
     T, E = spec.max_new_tokens, backbone.embed_weight
     weights = functional_decoder.decoder_weights(backbone.model)  # the model's own tensors, whichever backend
-    engine = DecodeBuffers(backbone, weights, B, T, cache_length(P, T, spec.max_prompt_length), spec.soft_top_k,
-                           ctx.full_mix, ctx.pad_token_id, device)
+    engine = DecodeBuffers(ctx, weights, B, cache_length(P, T, spec.max_prompt_length), device)
     if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs
         fill = B - rows
         prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(fill, -1)])

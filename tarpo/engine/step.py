@@ -122,17 +122,17 @@ def hybrid_step(ctx: DecodeContext, hidden, state: dict, t, keys) -> StepOut:
     rows' noise keys, or None (draws from ``ctx.generator``). A row that has ended draws but records nothing
     (pad, False, 0, as a step that never ran) and never decides; no decision at the last step allowed.
     """
-    s, alive = ctx.spec, state["alive"]
+    spec, alive = ctx.spec, state["alive"]
     logits = ctx.backbone.logits(hidden).float()
-    filtered = filter_logits(logits, s.temperature, s.top_k, s.top_p)
+    filtered = filter_logits(logits, spec.temperature, spec.top_k, spec.top_p)
     tokens = _draw_token(ctx, filtered, t, keys)
-    scaled = logits / s.temperature
+    scaled = logits / spec.temperature
     logp_all, entropy = logprobs_and_entropy(scaled)
 
     tag, hit = tag_automaton.step(state["tag"], tokens, ctx.next_tag, ctx.hit_tag)
     thinking = state["thinking"] & ~hit
     is_eos = torch.isin(tokens, ctx.eos)
-    decide = alive & thinking & ~is_eos & (t < s.max_new_tokens - 1)
+    decide = alive & thinking & ~is_eos & (t < spec.max_new_tokens - 1)
     soft, p_soft = _route(ctx, hidden, logits, entropy, decide, t, keys)
     inputs, ids, weights, mixed = _next_inputs(ctx, tokens, scaled, filtered, soft, t, keys)
 
@@ -160,19 +160,19 @@ def _draw_token(ctx, filtered, t, keys):
 
 def _route(ctx, hidden, logits, entropy, decide, t, keys):
     """d_t (bool [B], True = soft) for the rows in ``decide``, and rho(soft|h_t) (0 where no learned decision)."""
-    s = ctx.spec
-    p_soft, when = torch.zeros_like(entropy), ROUTINGS[s.routing].soft_when
+    spec = ctx.spec
+    p_soft, when = torch.zeros_like(entropy), ROUTINGS[spec.routing].soft_when
     if when == NEVER:
         return torch.zeros_like(decide), p_soft
     if when == ALWAYS:
         return decide, p_soft
     if when == ENTROPY:  # the entropy of softmax(z_t / entropy_temperature)
-        if s.entropy_temperature != s.temperature:
-            entropy = logprobs_and_entropy(logits / s.entropy_temperature)[1]
-        above = entropy > s.entropy_threshold
-        return decide & (above if s.entropy_soft_when == "high" else ~above), p_soft
+        if spec.entropy_temperature != spec.temperature:
+            entropy = logprobs_and_entropy(logits / spec.entropy_temperature)[1]
+        above = entropy > spec.entropy_threshold
+        return decide & (above if spec.entropy_soft_when == "high" else ~above), p_soft
     p = ctx.router.log_probs(hidden)[:, 1].exp()  # ROUTER
-    if s.router_greedy:
+    if spec.router_greedy:
         soft = p > 0.5
     else:
         u = (step_uniforms(keys, t, STREAM_ROUTE, 1)[:, 0] if keys is not None else

@@ -77,14 +77,14 @@ def case_study(args) -> str:
         raise ValueError(f"--ids: no question {', '.join(missing) or '(none)'} in {args.task}")
     if args.n < 2:
         raise ValueError("--n must be >= 2 (advantages are relative to the group)")
-    model, router, gate, tokenizer, device = load_system(args.model, args.adapter, args.mode)
+    system = load_system(args.model, args.adapter, args.mode)
     prompt_len, new_tokens = TASKS[args.task].eval_lengths
     spec = RolloutSpec(max_new_tokens=args.max_new_tokens or new_tokens, temperature=args.temperature,
                        soft_top_k=args.soft_top_k)
-    generator = torch.Generator(device).manual_seed(args.seed)
+    generator = torch.Generator(system.device).manual_seed(args.seed)
     chosen = [by_id[i] for i in wanted]
-    recs = sample(model, router, tokenizer, chosen, args.n, spec, mode=args.mode, max_prompt_length=prompt_len,
-                  batch_size=len(chosen) * args.n, generator=generator, soft_detail=10, gate=gate)
+    recs = sample(system, chosen, args.n, spec, max_prompt_length=prompt_len, batch_size=len(chosen) * args.n,
+                  generator=generator, soft_detail=10)
     grades = grade_batch([r["completion"] for r in recs], [by_id[r["id"]] for r in recs], reward=True)
     rewards = torch.tensor([g.score for g in grades])
     adv = group_advantages(rewards, args.n)
@@ -92,4 +92,4 @@ def case_study(args) -> str:
         r.update(reward=g.score, advantage=a)
     groups = [(ex, [r for r in recs if r["id"] == ex["id"]]) for ex in chosen]
     return page(f"{args.task}: {args.mode} samples of {args.adapter or args.model}", groups,
-                token_text_fn(tokenizer))
+                token_text_fn(system.tokenizer))

@@ -65,24 +65,25 @@ def longest_prompt(tokenizer, examples: list, max_prompt_length: int) -> int:
     return max(len(prompt_ids(tokenizer, ex["prompt"], max_prompt_length, i)[0]) for i, ex in enumerate(examples))
 
 
-def sample_task(args, task: str, examples: list, traj: TrajectoryFile, model, router, gate, tokenizer, device,
-                rank: int = 0, world: int = 1) -> int:
-    """Sample and grade the chunks not yet on disk and append them to ``traj``; returns how many
-    samples were added (on rank 0; 0 elsewhere).
+def sample_task(args, task: str, examples: list, traj: TrajectoryFile, system, rank: int = 0, world: int = 1) -> int:
+    """Sample and grade the chunks not yet on disk and append them to ``traj`` with ``system``
+    (:class:`tarpo.evaluation.system.System`); returns how many samples were added (on rank 0; 0 elsewhere).
 
     With ``world`` processes the chunks still to do are dealt round-robin: in round ``k`` rank
     ``r`` samples the ``k*world + r``-th of them, with the chunk's own seed and batch as one
     process would, and rank 0 gathers the round and appends its chunks in order. So the file is
     the one a single process writes, and a run killed between appends resumes like one."""
-    s = traj.settings
-    spec = RolloutSpec(max_new_tokens=s["max_new_tokens"], temperature=s["temperature"], top_k=s["top_k"],
-                       top_p=s["top_p"], soft_top_k=s["soft_top_k"], entropy_threshold=s["entropy_threshold"],
+    saved = traj.settings  # the task's settings, as its trajectory file records them
+    spec = RolloutSpec(max_new_tokens=saved["max_new_tokens"], temperature=saved["temperature"],
+                       top_k=saved["top_k"], top_p=saved["top_p"], soft_top_k=saved["soft_top_k"],
+                       entropy_threshold=saved["entropy_threshold"],
                        entropy_temperature=args.entropy_temperature,
                        entropy_soft_when=args.entropy_soft_when, router_greedy=args.router_argmax,
-                       engine=s.get("engine") or "eager")
+                       engine=saved.get("engine") or "eager")
     if spec.engine != "eager":  # one compiled graph per task: its longest prompt, every chunk padded to a full one
         spec = dataclasses.replace(spec, batch_size=traj.settings["questions_per_chunk"] * args.n,
-                                   max_prompt_length=longest_prompt(tokenizer, examples, s["max_prompt_length"]))
+                                   max_prompt_length=longest_prompt(system.tokenizer, examples,
+                                                                    saved["max_prompt_length"]))
     todo = list(range(traj.done_chunks(), len(traj.chunks)))
     fresh = 0
     bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2,
@@ -92,12 +93,11 @@ def sample_task(args, task: str, examples: list, traj: TrajectoryFile, model, ro
         if first + rank < len(todo):
             c = todo[first + rank]
             start, stop = traj.chunks[c]
-            generator = torch.Generator(device).manual_seed(chunk_seed(args.seed, task, c))
+            generator = torch.Generator(system.device).manual_seed(chunk_seed(args.seed, task, c))
             chunk = examples[start:stop]
-            records = sample(model, router, tokenizer, chunk, args.n, spec, mode=args.mode,
-                             max_prompt_length=s["max_prompt_length"], batch_size=len(chunk) * args.n,
-                             generator=generator, gate=gate)
-            records = score_records(records, chunk, grader=s["grader"])
+            records = sample(system, chunk, args.n, spec, max_prompt_length=saved["max_prompt_length"],
+                             batch_size=len(chunk) * args.n, generator=generator)
+            records = score_records(records, chunk, grader=saved["grader"])
             records = [{"q": start + i // args.n, **r} for i, r in enumerate(records)]
         gathered = [records]
         if world > 1:
@@ -131,11 +131,12 @@ def evaluate(args) -> None:
     (:func:`sample_task`) and rank 0 alone writes the files and computes the results."""
     rank, world, device = processes()
     plans = rank0_first(rank, world, lambda rank: plan_tasks(args, rank))
-    model, router, gate, tokenizer, device = load_system(args.model, args.adapter, args.mode, args.dtype,
-                                                         args.action_temperature, args.backend, device)
+    system = load_system(args.model, args.adapter, args.mode, args.dtype, args.action_temperature, args.backend,
+                         device)
+    device = system.device
     for task, examples, traj in plans:
         started = time.time()
-        fresh = sample_task(args, task, examples, traj, model, router, gate, tokenizer, device, rank, world)
+        fresh = sample_task(args, task, examples, traj, system, rank, world)
         if rank == 0:
             res = task_results(args, task, traj, device, fresh / max(time.time() - started, 1e-9), world)
             write_json_atomic(os.path.join(args.out, f"{task}.results.json"), res)

@@ -33,7 +33,7 @@ def _math500_ids(args) -> tuple[set[str] | None, str]:
 
 def task_results(args, task: str, traj: TrajectoryFile, device, rate: float, world: int = 1) -> dict:
     """The metrics and provenance of a task whose trajectories are all on disk."""
-    s = traj.settings
+    saved = traj.settings  # the task's settings, as its trajectory file records them
     records = traj.records
     canonical = canonical_answers([r["answer"] for r in records], task)
     metrics = summarize(records, args.ks, canonical)
@@ -51,7 +51,7 @@ def task_results(args, task: str, traj: TrajectoryFile, device, rate: float, wor
         "task": task, "system": args.system or MODES[args.mode].system,
         "model_name": args.model_name or os.path.basename(os.path.normpath(args.model)),
         "model": args.model, "adapter": args.adapter, "mode": args.mode, "n": args.n, "seed": args.seed,
-        "metrics": metrics, "subsets": subsets, "settings": s, "grader": grader_versions(s["grader"]),
+        "metrics": metrics, "subsets": subsets, "settings": saved, "grader": grader_versions(saved["grader"]),
         "packages": package_versions(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": str(device), "processes": world, "samples_per_s": rate,
         "trajectories": os.path.basename(traj.path),

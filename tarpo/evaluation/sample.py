@@ -38,12 +38,13 @@ def spec_for_mode(name: str, spec: RolloutSpec) -> RolloutSpec:
 
 
 @torch.no_grad()
-def sample(model, router, tokenizer, examples: list[dict], n: int, spec: RolloutSpec, *, mode: str,
-           max_prompt_length: int, batch_size: int = 64, progress=None, generator=None, gate=None,
-           soft_detail: int = 0) -> list[dict]:
-    """``n`` samples for each example (:func:`trajectory_fields` plus question id and sample
-    index); ``generator`` (optional) drives all sampling, else torch's global RNG.
-    ``soft_detail`` > 0 adds each soft step's top mixture entries (``soft_top``)."""
+def sample(system, examples: list[dict], n: int, spec: RolloutSpec, *, max_prompt_length: int, batch_size: int = 64,
+           generator=None, soft_detail: int = 0) -> list[dict]:
+    """``n`` samples for each example (:func:`trajectory_fields` plus question id and sample index) from
+    ``system`` (:class:`tarpo.evaluation.system.System`: model, router, gate, tokenizer, in its inference mode);
+    ``generator`` (optional) drives all sampling, else torch's global RNG. ``soft_detail`` > 0 adds each soft
+    step's top mixture entries (``soft_top``)."""
+    model, router, gate, tokenizer, mode = system.model, system.router, system.gate, system.tokenizer, system.mode
     rule = inference_mode(mode).rule
     if rule.router and router is None:
         raise ValueError(f"mode {mode!r} needs a trained router")
@@ -63,8 +64,6 @@ def sample(model, router, tokenizer, examples: list[dict], n: int, spec: Rollout
             out = hybrid_generate(policy, ids, mask, spec, generator=generator)
         for row, (ex, i) in enumerate(chunk):
             records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer, soft_detail)})
-        if progress is not None:
-            progress.update(len(chunk))
     return records
 
 

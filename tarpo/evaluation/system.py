@@ -5,6 +5,7 @@ load it the same way."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -25,10 +26,22 @@ def check_system(adapter: str | None, mode: str) -> None:
         raise ValueError(f"--mode {mode} needs a trained HRPO gate: --adapter must hold {HRPO_WEIGHTS}")
 
 
+class System(NamedTuple):
+    """A loaded system as an inference mode samples it (the evaluation's counterpart of the engine's
+    :class:`tarpo.engine.step.Policy`): passed whole to :func:`tarpo.evaluation.sample.sample`."""
+
+    model: torch.nn.Module
+    router: object          # the trained router, where the mode reads one (else None)
+    gate: object            # the HRPO gate, where the mode blends with one (else None)
+    tokenizer: object
+    device: torch.device
+    mode: str               # the inference mode (tarpo.algorithms.MODES)
+
+
 def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "auto", action_temperature=None,
-                backend: str = "hf", device=None):
-    """(model, router or None, HRPO gate or None, tokenizer, device) for an inference mode, on
-    ``device`` (default CUDA when available); ``auto`` dtype = bfloat16 on CUDA, float32 on CPU."""
+                backend: str = "hf", device=None) -> System:
+    """The :class:`System` of an inference mode, on ``device`` (default CUDA when available); ``auto`` dtype =
+    bfloat16 on CUDA, float32 on CPU."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype if dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     model, router, tokenizer = load_trained(model_path, adapter, dtype=dtype, device=device, backend=backend)
@@ -37,4 +50,4 @@ def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "a
         router.temperature = action_temperature
     rule = MODES[mode].rule
     gate = load_gate(adapter, device) if rule.gate else None
-    return model, (router if rule.router else None), gate, tokenizer, device
+    return System(model, router if rule.router else None, gate, tokenizer, device, mode)

@@ -58,16 +58,22 @@ def bpe_tokenizer(corpus: list[str], vocab_size: int = 512) -> PreTrainedTokeniz
     return _wrap(core)
 
 
-def tiny_causal_lm(tokenizer, arch: str = "qwen2", hidden_size: int = 64, layers: int = 2, heads: int = 4,
-                   kv_heads: int = 2, intermediate_size: int | None = None, vocab_size: int | None = None,
-                   seed: int = 0, tie_word_embeddings: bool = False):
-    """A random-init Qwen2 or Llama causal LM (fp32, eval mode, eager attention)."""
+TINY_SHAPE = dict(hidden_size=64, layers=2, heads=4, kv_heads=2, tie_word_embeddings=False)
+TINY_OPTIONAL = ("intermediate_size", "vocab_size")  # default: 4 x hidden_size; the tokenizer's size
+
+
+def tiny_causal_lm(tokenizer, arch: str = "qwen2", seed: int = 0, **shape):
+    """A random-init Qwen2 or Llama causal LM (fp32, eval mode, SDPA attention) of ``shape``, keywords of
+    :data:`TINY_SHAPE` (its defaults) and :data:`TINY_OPTIONAL`."""
+    if unknown := set(shape) - set(TINY_SHAPE) - set(TINY_OPTIONAL):
+        raise TypeError(f"tiny_causal_lm: no shape setting {', '.join(sorted(unknown))} (see TINY_SHAPE)")
+    s = {**TINY_SHAPE, **dict.fromkeys(TINY_OPTIONAL), **shape}
     cls_cfg, cls_model = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     config = cls_cfg(
-        vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads,
-        intermediate_size=intermediate_size or 4 * hidden_size, max_position_embeddings=4096,
-        tie_word_embeddings=tie_word_embeddings, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=s["vocab_size"] or len(tokenizer), hidden_size=s["hidden_size"], num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        intermediate_size=s["intermediate_size"] or 4 * s["hidden_size"], max_position_embeddings=4096,
+        tie_word_embeddings=s["tie_word_embeddings"], pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
     )
     config._attn_implementation = "sdpa"

@@ -36,6 +36,7 @@ from ..engine.rollout import RolloutSpec
 from ..evaluation.plot import plot_runs
 from ..atomic_files import publish_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from ..evaluation.sample import sample, score_records, summarize
+from ..evaluation.system import System
 from ..models.loading import load_trained
 from ..algorithms import ALGOS, MODES
 from ..tasks.graders import reward_function
@@ -83,8 +84,8 @@ def demo_tokenizer_and_model(train: list[dict], seed: int):
     corpus = [system] * 20 + [f"{p['question']} {completion_text(p)}" for p in train] + [
         "<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n"]
     tokenizer = bpe_tokenizer(corpus, vocab_size=400)
-    model = tiny_causal_lm(tokenizer, "qwen2", MODEL["hidden_size"], MODEL["layers"], MODEL["heads"],
-                           MODEL["kv_heads"], MODEL["intermediate_size"], seed=seed).train()
+    model = tiny_causal_lm(tokenizer, "qwen2", seed=seed, **{k: MODEL[k] for k in (
+        "hidden_size", "layers", "heads", "kv_heads", "intermediate_size")}).train()
     return tokenizer, model
 
 
@@ -211,9 +212,14 @@ def evaluate_system(name: str, base: str, adapter: str | None, args) -> dict:
     examples = list(load_task("arith", split="test"))[: args.eval_questions]
     spec = RolloutSpec(max_new_tokens=args.max_new_tokens, temperature=args.temperature, routing="hard")
     torch.manual_seed(args.seed)
+    system = System(model, router, None, tokenizer, next(model.parameters()).device, mode)
+    per_call = max(1, 128 // args.eval_n)  # questions a batch of at most 128 samples holds (the batches of one call)
+    records = []
     with tqdm(total=len(examples) * args.eval_n, desc=f"eval {name}", mininterval=5) as bar:
-        records = sample(model, router, tokenizer, examples, args.eval_n, spec, mode=mode,
-                         max_prompt_length=256, batch_size=128, progress=bar)
+        for start in range(0, len(examples), per_call):
+            chunk = examples[start:start + per_call]
+            records += sample(system, chunk, args.eval_n, spec, max_prompt_length=256, batch_size=128)
+            bar.update(len(chunk) * args.eval_n)
     records = score_records(records, examples)
     write_jsonl_atomic(os.path.join(args.out, f"eval_{name}.jsonl"), records)
     metrics = summarize(records, (1, args.eval_n))

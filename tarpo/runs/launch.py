@@ -175,10 +175,11 @@ def plan_memory(cfg: LaunchConfig, cuda: bool) -> LaunchConfig:
     ``DRY_RUN=1``): a CPU run of a tiny model is told the plan, never stopped by it. Returns ``cfg`` with its
     ``memory_plan`` and the trainer's batch fields; the run folder keeps its BATCH name."""
     from . import memory_plan as mp
+    from ..config import default
     from ..models.loading import resolve_backend
     from ..engine.engine_choice import engine_for
 
-    t, per_process, requested = cfg.trainer, cfg.trainer["per_device_train_batch_size"], cfg.micro_batch
+    per_process, requested = cfg.trainer["per_device_train_batch_size"], cfg.micro_batch
     config = mp.model_config(cfg.model, cfg.preset)
     if config is None:
         micro = requested or per_process
@@ -186,15 +187,19 @@ def plan_memory(cfg: LaunchConfig, cuda: bool) -> LaunchConfig:
                              "hub cache): memory not planned", "micro_batch": micro}
     else:
         backend = resolve_backend(cfg.backend)
-        rule = ROUTINGS[t["routing"]]
-        run = mp.Run(rows=per_process, prompt=t["max_prompt_length"], completion=t["max_completion_length"],
-                     engine=engine_for(t.get("rollout_engine", "auto"), True, "ENGINE"),  # the GPU's engine
-                     backend=backend,
-                     soft_top_k=t["soft_top_k"], full_mix=rule.full_mixture(t.get("hrpo_mixture")), gate=rule.gate,
-                     optim_8bit="8bit" in t["optim"], chunk=t.get("logprob_chunk_size", 1024),
-                     full_kl=t.get("token_kl") == "full", checkpointing=t["gradient_checkpointing"],
-                     weight_bytes=2 if t["bf16"] else 4, shards=cfg.num_processes if cfg.sharding else 1)
-        shapes = mp.shapes_of(config, t["lora_target_modules"], t["lora_r"])
+
+        def setting(name):  # the trainer's keyword, else TarpoConfig's default (its one owner)
+            return cfg.trainer[name] if name in cfg.trainer else default(name)
+        rule = ROUTINGS[setting("routing")]
+        run = mp.Run(rows=per_process, prompt=setting("max_prompt_length"),
+                     completion=setting("max_completion_length"),
+                     engine=engine_for(setting("rollout_engine"), True, "ENGINE"),  # the GPU's engine
+                     backend=backend, soft_top_k=setting("soft_top_k"),
+                     full_mix=rule.full_mixture(setting("hrpo_mixture")), gate=rule.gate,
+                     optim_8bit="8bit" in setting("optim"), chunk=setting("logprob_chunk_size"),
+                     full_kl=setting("token_kl") == "full", checkpointing=setting("gradient_checkpointing"),
+                     weight_bytes=2 if setting("bf16") else 4, shards=cfg.num_processes if cfg.sharding else 1)
+        shapes = mp.shapes_of(config, setting("lora_target_modules"), setting("lora_r"))
         import torch
         total = torch.cuda.mem_get_info()[1] if cuda else mp.GPU_80GB
         p = mp.choose_micro_batch(shapes, run, per_process, mp.usable_bytes(total), requested)

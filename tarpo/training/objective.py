@@ -110,6 +110,11 @@ class LossSettings:
     sapo_temperature_neg: float = default("sapo_temperature_neg")
     max_completion_length: int | None = None  # dr_grpo's divisor
     top_entropy_quantile: float = 1.0      # < 1: the token term at the high-entropy steps only (high_entropy_mask)
+    is_correction: str = "none"            # the rollout/training mismatch's weights (mismatch_weights)
+    is_clip_min: float | None = None       # ... their clamp or mask bounds
+    is_clip_max: float | None = None
+    off_policy: bool = False               # a batch reused after optimizer steps: ratios to the rollout's log-probs
+    mask_truncated_completions: bool = False  # only the steps of completions that ended (loss_mask)
 
     def __post_init__(self):
         loss_variant(self.loss_type)
@@ -128,7 +133,32 @@ class LossSettings:
                    loss_type=args.loss_type, level=args.importance_sampling_level, clip_eps=args.epsilon,
                    clip_eps_high=args.epsilon_high, sapo_temperature_pos=args.sapo_temperature_pos,
                    sapo_temperature_neg=args.sapo_temperature_neg, max_completion_length=args.max_completion_length,
-                   top_entropy_quantile=args.top_entropy_quantile)
+                   top_entropy_quantile=args.top_entropy_quantile, is_correction=args.is_correction,
+                   is_clip_min=args.is_clip_min, is_clip_max=args.is_clip_max, off_policy=args.off_policy,
+                   mask_truncated_completions=args.mask_truncated_completions)
+
+
+@dataclass
+class LossBatch:
+    """The batch's tensors :func:`tarpo_loss` reads besides the current policy's scores: [B, T] unless said.
+    :func:`rollout_loss` builds it from a recorded rollout."""
+
+    advantages: torch.Tensor               # [B]
+    completion_mask: torch.Tensor          # the steps in the loss (loss_mask)
+    is_soft: torch.Tensor
+    decided: torch.Tensor                  # the thinking steps, where the router chose the next input
+    old_logp_tok: torch.Tensor | None = None  # off-policy: the rollout's log pi of its tokens
+    old_logp_act: torch.Tensor | None = None  # ... and log rho of its routing actions
+    num_units: float | None = None         # units of the whole generation batch (the "dapo" / "bnpo" divisor)
+    is_weights: tuple | None = None        # (token, router) mismatch weights [B, T], detached (mismatch_weights)
+    entropy_mask: torch.Tensor | None = None  # the token term's steps (high_entropy_mask)
+
+
+def loss_mask(settings: LossSettings, rollout) -> torch.Tensor:
+    """The steps in the loss: all of them, or with ``mask_truncated_completions`` those of completions that ended."""
+    if settings.mask_truncated_completions:
+        return rollout.completion_mask & rollout.ended_with_eos[:, None]
+    return rollout.completion_mask
 
 
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float, gather=None) -> torch.Tensor:
@@ -197,25 +227,7 @@ def mismatch_weights(pairs, mode: str, clip_min: float | None, clip_max: float |
     return weights, stats
 
 
-def tarpo_loss(
-    settings: LossSettings,
-    *,
-    logp_tok: torch.Tensor,
-    logp_act: torch.Tensor,
-    p_hard: torch.Tensor,
-    kl_tok: torch.Tensor,
-    kl_act: torch.Tensor,
-    advantages: torch.Tensor,
-    completion_mask: torch.Tensor,
-    is_soft: torch.Tensor,
-    decided: torch.Tensor,
-    old_logp_tok: torch.Tensor | None = None,
-    old_logp_act: torch.Tensor | None = None,
-    logp_soft_input: torch.Tensor | None = None,
-    num_units: float | None = None,
-    is_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
-    entropy_mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def tarpo_loss(settings: LossSettings, scores, batch: LossBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The TARPO loss (docs/algorithm.md §2), averaged over the trajectories of the batch::
 
         L_tok_i = -(1/T_i) sum_t 1[d_t = hard] log pi(v_t|s_t) A_i
@@ -235,51 +247,92 @@ def tarpo_loss(
 
     The latent baselines of docs/algorithm.md §3 generalise which steps carry the policy gradient
     of L_tok: HRPO (``settings.token_loss_on_soft``) feeds v_t blended into every input, so
-    1[d_t = hard] becomes 1 at every step; Soft Tokens (``logp_soft_input``, [B, T]) adds
+    1[d_t = hard] becomes 1 at every step; Soft Tokens (``scores.logp_soft_input``, [B, T]) adds
     ``1[d_t = soft] log N(u_t; mu_theta(s_t), sigma^2 I)``, the log-likelihood of the
     noisy input it fed (on-policy only).
 
     ``settings.loss_type`` (:data:`tarpo.losses.LOSSES`) gives the per-step surrogate of the token term and of
     the router term alike, each with its own ratio (pi's, rho's) at ``settings.level``, and of the latent term
     (on-policy, per step), and aggregates every term the same way (its ``aggregate``; ``grpo`` is the formula
-    above). ``is_weights`` = (token weights, router weights) [B, T], detached, multiply the two policy-gradient
-    terms (:func:`mismatch_weights`; the KL terms are not weighted). ``entropy_mask`` [B, T]
+    above). ``batch.is_weights`` = (token weights, router weights) [B, T], detached, multiply the two policy-gradient
+    terms (:func:`mismatch_weights`; the KL terms are not weighted). ``batch.entropy_mask`` [B, T]
     (:func:`high_entropy_mask`) keeps the token term at its steps only; the router and KL terms keep every step
     (docs/algorithm.md §8).
 
-    Args are [B, T] tensors except ``advantages`` [B]; ``logp_act`` is log rho of the
-    action taken, ``kl_tok`` the per-step token KL (k3 or full), ``kl_act`` the per-step
-    KL(rho || rho_ref). Returns the scalar loss and its per-term means (detached).
+    ``scores`` (a :class:`tarpo.training.scoring.StepScores`, [B, T] each): ``logp_tok``, ``logp_act`` log rho of
+    the action taken, ``p_hard``, ``kl_tok`` the per-step token KL (k3 or full), ``kl_act`` the per-step
+    KL(rho || rho_ref), ``logp_soft_input``; ``batch`` (:class:`LossBatch`) the rest. Returns the scalar loss and
+    its per-term means (detached).
     """
-    s, variant = settings, settings.variant
-    token_steps = completion_mask if s.token_loss_on_soft else completion_mask & ~is_soft
-    thinking = completion_mask & decided if s.use_router else torch.zeros_like(completion_mask)
-    w_tok, w_act = is_weights if is_weights is not None else (1.0, 1.0)
+    b, variant = batch, settings.variant
+    mask, advantages = b.completion_mask, b.advantages
+    token_steps = steps_fed_their_token(settings, mask, b.is_soft)
+    thinking = mask & b.decided if settings.use_router else torch.zeros_like(mask)
+    w_tok, w_act = b.is_weights if b.is_weights is not None else (1.0, 1.0)
 
     def total(per_step):
-        return variant.aggregate(per_step * completion_mask.float(), completion_mask, s.max_completion_length,
-                                 num_units)
+        return variant.aggregate(per_step * mask.float(), mask, settings.max_completion_length, b.num_units)
 
-    pg_tok = variant.surrogate(logp_tok, advantages, old_logp_tok, token_steps, s.level, s)
+    pg_tok = variant.surrogate(scores.logp_tok, advantages, b.old_logp_tok, token_steps, settings.level, settings)
     per_tok = pg_tok * w_tok * token_steps
-    if logp_soft_input is not None:
-        if old_logp_tok is not None:
+    if scores.logp_soft_input is not None:
+        if b.old_logp_tok is not None:
             raise ValueError("the Soft Tokens term is on-policy only (one gradient step per batch)")
-        soft = completion_mask & is_soft
-        per_tok = per_tok + variant.surrogate(logp_soft_input, advantages, None, soft, "token", s) * soft
-    if entropy_mask is not None:
-        per_tok = per_tok * entropy_mask
-    ones = torch.ones_like(logp_tok)
-    per_act = per_kl_act = torch.zeros_like(logp_tok)
+        soft = mask & b.is_soft
+        per_tok = per_tok + variant.surrogate(scores.logp_soft_input, advantages, None, soft, "token", settings) * soft
+    if b.entropy_mask is not None:
+        per_tok = per_tok * b.entropy_mask
+    ones = torch.ones_like(scores.logp_tok)
+    per_act = per_kl_act = torch.zeros_like(scores.logp_tok)
     delta = ones
-    if s.use_router:
-        pg_act = variant.surrogate(logp_act, advantages, old_logp_act, thinking, s.level, s)
+    if settings.use_router:
+        pg_act = variant.surrogate(scores.logp_act, advantages, b.old_logp_act, thinking, settings.level, settings)
         per_act = pg_act * w_act * thinking
-        delta = torch.where(thinking, p_hard.detach() if s.detach_kl_weight else p_hard, ones)
-        per_kl_act = kl_act * thinking
+        delta = torch.where(thinking, scores.p_hard.detach() if settings.detach_kl_weight else scores.p_hard, ones)
+        per_kl_act = scores.kl_act * thinking
     l_tok, l_act = total(per_tok), total(per_act)
-    kl_tok_sum, kl_act_sum = total(delta * kl_tok), total(per_kl_act)
-    l_kl = kl_tok_sum + s.alpha * kl_act_sum
-    loss = l_tok + s.lambda_act * l_act + s.beta * l_kl
+    kl_tok_sum, kl_act_sum = total(delta * scores.kl_tok), total(per_kl_act)
+    l_kl = kl_tok_sum + settings.alpha * kl_act_sum
+    loss = l_tok + settings.lambda_act * l_act + settings.beta * l_kl
     terms = {"loss_tok": l_tok, "loss_act": l_act, "loss_kl": l_kl, "kl_tok": kl_tok_sum, "kl_act": kl_act_sum}
     return loss, {k: v.detach() for k, v in terms.items()}
+
+
+def steps_fed_their_token(settings: LossSettings, mask: torch.Tensor, is_soft: torch.Tensor) -> torch.Tensor:
+    """The steps whose sampled token was fed to the model, which carry the token term: the hard ones, or every
+    step where the routing feeds a soft step's token too (HRPO's blend: ``token_loss_on_soft``)."""
+    return mask if settings.token_loss_on_soft else mask & ~is_soft
+
+
+def rollout_loss(settings: LossSettings, scores, rollout, advantages: torch.Tensor, num_units: float | None = None,
+                 gather=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`tarpo_loss` of a recorded ``rollout`` (a :class:`tarpo.engine.records.Rollout`) under the current
+    policy's ``scores``: the one call of the trainer. Builds what the loss reads of the rollout: the steps in the
+    loss (:func:`loss_mask`), the rollout's own log-probs of its tokens and routing actions (the ratios' old
+    log-probs when ``settings.off_policy``), the mismatch weights (``settings.is_correction``) and the
+    high-entropy mask (``settings.top_entropy_quantile``; ``gather``: 1-D values -> every process's).
+
+    Returns the loss and its terms: :func:`tarpo_loss`'s, the importance-sampling statistics
+    (``importance_sampling/*``) and ``logp_drift``, the mean |difference| between the rollout's and this
+    forward's log-probs of the same tokens (about 0 on-policy: numerics only; it grows as a batch is reused).
+    """
+    mask = loss_mask(settings, rollout)
+    # log rho of the routing action the rollout took, from its recorded p_soft
+    rollout_act = torch.where(rollout.is_soft, rollout.p_soft, 1 - rollout.p_soft).clamp(min=1e-12).log()
+    batch = LossBatch(advantages=advantages, completion_mask=mask, is_soft=rollout.is_soft, decided=rollout.decided,
+                      num_units=num_units)
+    if settings.off_policy:
+        batch.old_logp_tok, batch.old_logp_act = rollout.logp, rollout_act
+    is_stats = {}
+    if settings.is_correction != "none":  # the rollout's log-probs against this forward's (docs/algorithm.md §8)
+        pairs = [(scores.logp_tok, rollout.logp, steps_fed_their_token(settings, mask, rollout.is_soft)),
+                 (scores.logp_act, rollout_act, mask & rollout.decided & settings.use_router)]
+        weights, is_stats = mismatch_weights(pairs, settings.is_correction, settings.is_clip_min, settings.is_clip_max)
+        batch.is_weights = tuple(weights)
+    if scores.entropy is not None:  # the same threshold on every process
+        batch.entropy_mask = high_entropy_mask(scores.entropy, mask, settings.top_entropy_quantile, gather)
+    loss, terms = tarpo_loss(settings, scores, batch)
+    terms.update({f"importance_sampling/{k}": v for k, v in is_stats.items()})
+    every = rollout.completion_mask
+    terms["logp_drift"] = ((scores.logp_tok.detach() - rollout.logp).abs() * every).sum() / every.sum().clamp(min=1)
+    return loss, terms

@@ -138,29 +138,37 @@ def full_token_kl(head, hidden, ref_hidden, mask, temperature, chunk_size) -> to
     return out
 
 
-def score_rollout(
-    backbone: Backbone,
-    router,
-    ref_router,
-    rollout,
-    *,
-    temperature: float,
-    chunk_size: int,
-    use_router: bool,
-    with_reference: bool,
-    token_kl: str = "k3",
-    soft_module=None,
-    with_entropy: bool = False,
-) -> StepScores:
-    """Policy (and reference) scores of a recorded batch; gradients flow to LoRA and router
+@dataclass(frozen=True)
+class ScoreSettings:
+    """How :func:`score_rollout` scores a batch: built once per run from its config (:meth:`of`)."""
+
+    temperature: float          # T_s, the sampling temperature the log-probs are taken at
+    chunk_size: int             # completion positions per log-prob chunk (logprob_chunk_size)
+    use_router: bool            # the router's log-probs and p_hard (the learned routings)
+    with_reference: bool        # the reference's KL terms (beta != 0)
+    token_kl: str = "k3"        # the token KL: "k3" of the sampled token, or "full" over the vocabulary
+    with_entropy: bool = False  # the token distribution's entropy at every step (top_entropy_quantile < 1)
+
+    @classmethod
+    def of(cls, args) -> "ScoreSettings":
+        from ..algorithms import ROUTINGS
+        return cls(temperature=args.temperature, chunk_size=args.logprob_chunk_size,
+                   use_router=ROUTINGS[args.routing].router, with_reference=args.beta != 0.0, token_kl=args.token_kl,
+                   with_entropy=args.top_entropy_quantile < 1.0)
+
+
+def score_rollout(backbone: Backbone, router, ref_router, rollout, settings: ScoreSettings,
+                  soft_module=None) -> StepScores:
+    """Policy (and reference) scores of a recorded batch under ``settings``; gradients flow to LoRA and router
     (and HRPO's gate, through the rebuilt inputs).
 
     The reference is the same backbone with its adapter disabled, fed the same inputs;
     ``ref_router`` (a frozen copy of the initial router) reads its hidden states.
     ``soft_module``: HRPO's gate (rebuilds gated inputs), Soft Tokens' noise model or the Gumbel exploration
-    (each adds ``logp_soft_input`` at soft steps). ``with_entropy``: the token distribution's entropy at every
-    step too (``top_entropy_quantile``), computed in the log-prob chunks.
+    (each adds ``logp_soft_input`` at soft steps). ``settings.with_entropy``: the token distribution's entropy at
+    every step too (``top_entropy_quantile``), computed in the log-prob chunks.
     """
+    temperature, chunk_size, with_entropy = settings.temperature, settings.chunk_size, settings.with_entropy
     gate = soft_module if isinstance(soft_module, HrpoGate) else None
     mask = rollout.completion_mask
     hidden = sequence_hidden(backbone, rollout, gate)
@@ -169,7 +177,7 @@ def score_rollout(
     logp_tok, entropy = logp_tok if with_entropy else (logp_tok, None)
     zeros = torch.zeros_like(logp_tok)
     logp_act, p_hard, kl_tok, kl_act = zeros, torch.ones_like(logp_tok), zeros, zeros
-    if use_router:
+    if settings.use_router:
         act_logp = router.log_probs(hidden)                               # [B, T, 2]
         logp_act = act_logp.gather(-1, rollout.is_soft.long()[..., None]).squeeze(-1)
         p_hard = act_logp[..., 0].exp()
@@ -180,17 +188,17 @@ def score_rollout(
     if isinstance(soft_module, GumbelTopK):
         logp_soft_input = gumbel_logprobs(backbone.logits, hidden, rollout.soft_ids, rollout.soft_weights,
                                       mask & rollout.is_soft, temperature, chunk_size, soft_module)
-    if with_reference:
+    if settings.with_reference:
         with torch.no_grad(), backbone.adapter_disabled():
             ref_hidden = sequence_hidden(backbone, rollout, gate)
-            if token_kl == "k3":
+            if settings.token_kl == "k3":
                 ref_logp = token_logprobs(backbone.logits, ref_hidden, rollout.token_ids, mask,
                                           temperature, chunk_size)
-        if token_kl == "k3":
+        if settings.token_kl == "k3":
             kl_tok = torch.where(mask, k3(logp_tok, ref_logp), zeros)
         else:
             kl_tok = full_token_kl(backbone.logits, hidden, ref_hidden, mask, temperature, chunk_size)
-        if use_router:
+        if settings.use_router:
             kl_act = two_class_kl(act_logp, ref_router.log_probs(ref_hidden))
     return StepScores(logp_tok=logp_tok, logp_act=logp_act, p_hard=p_hard, kl_tok=kl_tok, kl_act=kl_act,
                       logp_soft_input=logp_soft_input, entropy=entropy)

@@ -59,9 +59,9 @@ from . import checkpoints, sharding
 from .callbacks import StepResources
 from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
-from .objective import LossSettings, group_advantages, high_entropy_mask, mismatch_weights, tarpo_loss
+from .objective import LossSettings, group_advantages, loss_mask, rollout_loss
 from .optimizer import keep_fp32_state, parameter_groups
-from .scoring import StepScores, score_rollout
+from .scoring import StepScores, ScoreSettings, score_rollout
 
 logger = logging.getLogger(__name__)
 GRPOTrainer = pristine_grpo_trainer()  # TRL's own class, never Unsloth's rewrite of it (tarpo.patches.trl_guard)
@@ -114,6 +114,7 @@ class TarpoTrainer(GRPOTrainer):
         self.rule = ROUTINGS[args.routing]
         self.use_router = self.rule.router
         self.loss_settings = LossSettings.of(args)  # built once: what tarpo_loss is computed with besides the batch
+        self.score_settings = ScoreSettings.of(args)  # ... and how the batch is scored
         router.requires_grad_(self.use_router)  # the baselines never train it
         if self.rule.gate:  # initialised as HRPO's: N(0, initializer_range) weights, zero biases
             base.tarpo_gate = HrpoGate(base.config.hidden_size, c=args.hrpo_c, seed=args.seed,
@@ -220,16 +221,10 @@ class TarpoTrainer(GRPOTrainer):
         out = {key: getattr(rollout, key) for key in _ROLLOUT_KEYS}
         out["advantages"] = advantages[local]
         # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step
-        units = self.accelerator.gather(self._loss_mask(rollout).sum()[None]).sum().float()
+        units = self.accelerator.gather(loss_mask(self.loss_settings, rollout).sum()[None]).sum().float()
         out["num_units"] = (units / (self.accelerator.num_processes
                                      * self.args.steps_per_generation)).expand(len(prompts))
         return out
-
-    def _loss_mask(self, rollout: Rollout) -> torch.Tensor:
-        """The steps in the loss: all of them, or with mask_truncated_completions those of completions that ended."""
-        if self.args.mask_truncated_completions:
-            return rollout.completion_mask & rollout.ended_with_eos[:, None]
-        return rollout.completion_mask
 
     def _next_rollout_seed(self) -> int:
         step = self.state.global_step
@@ -270,50 +265,28 @@ class TarpoTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
         rollout = Rollout(**{key: inputs[key] for key in _ROLLOUT_KEYS})
-        args = self.args
-
-        def forward():  # replaces accelerate's autocast wrapper of model.forward: the precision is entered here
-            sharding.gather_direct_reads(self.accelerator.unwrap_model(model))  # FSDP2: embedding and head whole
-            backbone = self.backbone()
-            with mixed_precision(backbone):
-                scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
-                                       temperature=args.temperature, chunk_size=args.logprob_chunk_size,
-                                       use_router=self.use_router, with_reference=args.beta != 0.0,
-                                       token_kl=args.token_kl, soft_module=self.soft_module,
-                                       with_entropy=args.top_entropy_quantile < 1.0)
-            return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
-
         # through the module accelerate wrapped, so that DDP all-reduces the gradients (tarpo.training.distributed)
-        scores = StepScores(**forward_through(model, self.accelerator.unwrap_model(model), forward))
-        mask = self._loss_mask(rollout)
-        rollout_act = torch.where(rollout.is_soft, rollout.p_soft, 1 - rollout.p_soft).clamp(min=1e-12).log()
-        old_tok, old_act = (rollout.logp, rollout_act) if self.args.off_policy else (None, None)
-        is_weights, is_stats = None, {}
-        if args.is_correction != "none":  # the rollout's log-probs against this forward's (docs/algorithm.md §8)
-            token_steps = mask if self.rule.token_fed_when_soft else mask & ~rollout.is_soft
-            pairs = [(scores.logp_tok, rollout.logp, token_steps),
-                     (scores.logp_act, rollout_act, mask & rollout.decided & self.use_router)]
-            (w_tok, w_act), is_stats = mismatch_weights(pairs, args.is_correction, args.is_clip_min, args.is_clip_max)
-            is_weights = (w_tok, w_act)
-        entropy_mask = None if scores.entropy is None else high_entropy_mask(  # the same threshold on every process
-            scores.entropy, mask, args.top_entropy_quantile, lambda values: all_values(self.accelerator, values))
-        loss, terms = tarpo_loss(
-            settings=self.loss_settings, logp_tok=scores.logp_tok, logp_act=scores.logp_act, p_hard=scores.p_hard,
-            kl_tok=scores.kl_tok, kl_act=scores.kl_act, advantages=inputs["advantages"], completion_mask=mask,
-            is_soft=rollout.is_soft, decided=rollout.decided, old_logp_tok=old_tok, old_logp_act=old_act,
-            logp_soft_input=scores.logp_soft_input, num_units=inputs["num_units"][0], is_weights=is_weights,
-            entropy_mask=entropy_mask)
-        terms.update({f"importance_sampling/{k}": v for k, v in is_stats.items()})
+        scores = StepScores(**forward_through(model, self.accelerator.unwrap_model(model),
+                                              lambda: self._scores(model, rollout)))
+        loss, terms = rollout_loss(self.loss_settings, scores, rollout, inputs["advantages"], inputs["num_units"][0],
+                                   gather=lambda values: all_values(self.accelerator, values))
         mode = "train" if self.model.training else "eval"
-        # Drift between the sampling-time and the training-forward log-probs of the same tokens:
-        # ~0 on-policy (numerics only); grows when a batch is reused after optimizer steps.
-        mask = rollout.completion_mask
-        terms["logp_drift"] = ((scores.logp_tok.detach() - rollout.logp).abs() * mask).sum() / mask.sum().clamp(min=1)
         for name, value in terms.items():  # a minimum and a maximum over the processes, else the mean
             value = self.accelerator.gather(value[None])
             value = value.min() if name.endswith("_min") else value.max() if name.endswith("_max") else value.mean()
             self._metrics[mode][name].append(value.item())
         return loss / self.current_gradient_accumulation_steps
+
+    def _scores(self, model, rollout: Rollout) -> dict:
+        """The current policy's scores of ``rollout`` (:func:`tarpo.training.scoring.score_rollout`) as a dict of
+        tensors (what DDP's forward returns). It replaces accelerate's autocast wrapper of model.forward: the
+        precision is entered here."""
+        sharding.gather_direct_reads(self.accelerator.unwrap_model(model))  # FSDP2: embedding and head whole
+        backbone = self.backbone()
+        with mixed_precision(backbone):
+            scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
+                                   self.score_settings, self.soft_module)
+        return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
 
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
     # a kill or a full disk during a save never leaves a checkpoint-N that a re-run would pick.

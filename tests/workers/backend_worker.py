@@ -112,28 +112,26 @@ def keyed_rollouts(backbone, router, tok, ids, mask, steps, hidden_size, device)
 
 def teacher_forced(backbone, router, record, device):
     from tarpo.engine.rollout import Rollout
-    from tarpo.training.scoring import score_rollout
+    from tarpo.training.scoring import ScoreSettings, score_rollout
     r = Rollout(**{k: v.to(device) for k, v in record.items()})
     with torch.no_grad():
-        s = score_rollout(backbone, router, None, r, temperature=0.5, chunk_size=256, use_router=True,
-                          with_reference=False)
+        s = score_rollout(backbone, router, None, r,
+                          ScoreSettings(temperature=0.5, chunk_size=256, use_router=True, with_reference=False))
     return {"logp": s.logp_tok.cpu(), "p_soft": (1 - s.p_hard).cpu()}
 
 
 def loss_and_grads(model, backbone, router, device, completion: int):
-    from tarpo.training.objective import LossSettings, tarpo_loss
-    from tarpo.training.scoring import score_rollout
+    from tarpo.training.objective import LossSettings, rollout_loss
+    from tarpo.training.scoring import ScoreSettings, score_rollout
     from tarpo.models.tiny import synthetic_rollout
     r = synthetic_rollout(model.config.vocab_size, 8, PROMPT_LEN, completion, 30, device)
     adv = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device)
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n)  # a saved adapter loads frozen; train it as the trainer does
     model.train()
-    scores = score_rollout(backbone, router, router.frozen_copy(), r, temperature=0.5, chunk_size=512,
-                           use_router=True, with_reference=True)
-    loss, _ = tarpo_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), logp_tok=scores.logp_tok,
-                         logp_act=scores.logp_act, p_hard=scores.p_hard, kl_tok=scores.kl_tok, kl_act=scores.kl_act,
-                         advantages=adv, completion_mask=r.completion_mask, is_soft=r.is_soft, decided=r.decided)
+    scores = score_rollout(backbone, router, router.frozen_copy(), r,
+                           ScoreSettings(temperature=0.5, chunk_size=512, use_router=True, with_reference=True))
+    loss, _ = rollout_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), scores, r, adv)
     loss.backward()
     grads = torch.cat([p.grad.float().flatten().cpu() for n, p in sorted(model.named_parameters())
                        if "lora_B" in n])

@@ -33,7 +33,7 @@ from tarpo.models.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm 
 from tarpo.training import sharding  # noqa: E402
 from tarpo.training.distributed import forward_through  # noqa: E402
 from tarpo.training.grad_checkpointing import checkpointing_paused  # noqa: E402
-from tarpo.training.scoring import score_rollout  # noqa: E402
+from tarpo.training.scoring import ScoreSettings, score_rollout  # noqa: E402
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -57,8 +57,8 @@ def train_step(wrapped, model, router, c):
         sharding.gather_direct_reads(model)
         backbone = Backbone(model)
         with mixed_precision(backbone):
-            s = score_rollout(backbone, router, router.frozen_copy(), scored, temperature=0.5, chunk_size=1024,
-                              use_router=True, with_reference=True)
+            s = score_rollout(backbone, router, router.frozen_copy(), scored,
+                              ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True))
         return {"loss": s.logp_tok.sum() + s.logp_act.sum() + s.kl_tok.sum() + s.kl_act.sum()}
 
     forward_through(wrapped, model, forward)["loss"].backward()

@@ -1,6 +1,6 @@
 """One zero-advantage TARPO step at initialisation, for tests/test_kernel_settings.py: a tiny random Qwen2 with a
 fresh LoRA adapter (B = 0, so the policy is the reference), a recorded batch, the trainer's scoring
-(tarpo.training.scoring.score_rollout) and loss (tarpo.training.objective.tarpo_loss) with every advantage 0.
+(tarpo.training.scoring.score_rollout) and loss (tarpo.training.objective.rollout_loss) with every advantage 0.
 Prints one JSON line: the loss, the largest |KL| of either kind, the gradient norm over LoRA and router, and the
 policy's log-probs (so that runs under other kernel settings can be compared)."""
 
@@ -12,8 +12,8 @@ from peft import LoraConfig, get_peft_model
 from tarpo.engine.router import Router
 from tarpo.models.backends import make_backbone
 from tarpo.models.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
-from tarpo.training.objective import LossSettings, tarpo_loss
-from tarpo.training.scoring import score_rollout
+from tarpo.training.objective import LossSettings, rollout_loss
+from tarpo.training.scoring import ScoreSettings, score_rollout
 
 
 def main():
@@ -27,12 +27,9 @@ def main():
     model.base_model.model.tarpo_router = router
     ref = router.frozen_copy()
     rollout = synthetic_rollout(model.config.vocab_size, G=8, P=24, T=16, k=4, device="cpu")
-    scores = score_rollout(make_backbone(model), router, ref, rollout, temperature=0.7, chunk_size=64,
-                           use_router=True, with_reference=True)
-    loss, _ = tarpo_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), logp_tok=scores.logp_tok,
-                         logp_act=scores.logp_act, p_hard=scores.p_hard, kl_tok=scores.kl_tok, kl_act=scores.kl_act,
-                         advantages=torch.zeros(8), completion_mask=rollout.completion_mask, is_soft=rollout.is_soft,
-                         decided=rollout.decided)
+    scores = score_rollout(make_backbone(model), router, ref, rollout,
+                           ScoreSettings(temperature=0.7, chunk_size=64, use_router=True, with_reference=True))
+    loss, _ = rollout_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), scores, rollout, torch.zeros(8))
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
     print(json.dumps({"loss": loss.item(), "kl_tok": scores.kl_tok.abs().max().item(),
