@@ -65,8 +65,8 @@ ATTENTION_BUCKET = 256  # a step attends over the written slots rounded up to a 
                         # per multiple on CUDA (8 for the MATH preset's 2,048 positions), at most 255 slots over
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
 # Each decoder layer a nested compile region (compiled once for all layers: functional_decoder._layer_region), by
-# device. On the CPU, where inductor's C++ build of every layer made a 30-layer model's compile 1.7x a 2-layer one's.
-# Not yet on CUDA: no GPU has run it (docs/gpu/README.md names the check); a GPU compiles the unrolled layers.
+# device, under inductor (compiled_step). On the CPU, where inductor's C++ build of every layer made a 30-layer
+# model's compile 1.7x a 2-layer one's. Not yet on CUDA: no GPU has run it (docs/gpu/README.md names the check).
 REGIONAL_COMPILE = {"cpu": True, "cuda": False}
 # What torch.compile lowers the traced step with: inductor (the default), or a backend named by the environment
 # variable TARPO_COMPILE_BACKEND, e.g. "aot_eager": the same fullgraph trace and functionalisation, run without
@@ -82,14 +82,15 @@ STEP_SETTINGS = {
 }
 
 
-def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask):
+def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask, regional: bool = False):
     """One decode step for every row: reads ``h_t`` and the loop state from ``buf``, writes
     ``rec[:, t]``, then ``h_{t+1}`` and the next state back into ``buf``; returns nothing.
 
     ``buf``: ``hidden`` [B, d], ``t`` (0-d long), ``slot`` (0-d long) the cache slot of the next input,
     ``pos`` [B] its position ids, the loop state of :func:`tarpo.engine.step.new_state` and ``keys`` [B] the
     rows' noise keys; ``rec``, ``cache``: the other buffers of :class:`DecodeBuffers`; ``mask``: the first ``n``
-    slots of its mask (a view, ``n`` > ``slot``): the step attends over those ``n`` slots. The decoder is
+    slots of its mask (a view, ``n`` > ``slot``): the step attends over those ``n`` slots; ``regional``: each
+    decoder layer a nested compile region (:data:`REGIONAL_COMPILE`). The decoder is
     :func:`tarpo.engine.functional_decoder.forward` over ``weights``, the model's own tensors; the context's
     backbone gives the embedding and the head.
     """
@@ -103,8 +104,7 @@ def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask):
     torch._check(span >= CACHE_BUCKET)
     torch._check(span <= cache[0][0].shape[2])
     hidden = functional_decoder.forward(weights, out.inputs[:, None], buf["pos"][:, None], cache, slot.view(1),
-                                        functional_decoder.decode_mask(mask, slot), span,
-                                        REGIONAL_COMPILE.get(slot.device.type, False))
+                                        functional_decoder.decode_mask(mask, slot), span, regional)
     for name, value in out.state.items():
         buf[name].copy_(value)
     buf["pos"].add_(1)
@@ -135,7 +135,13 @@ def compiled_step(device: torch.device):
 
     key = (torch.device(device).type, compile_backend())
     if key not in _COMPILED:
-        compiled = torch.compile(decode_step, fullgraph=True, dynamic=False, backend=key[1])
+        # regional where inductor generates code (what it saves is the code generation; another backend, e.g. the
+        # tests' aot_eager, would only run each layer through the region's dispatch: 15% slower steps there)
+        regional = REGIONAL_COMPILE.get(key[0], False) and key[1] == "inductor"
+
+        def traced(ctx, weights, buf, rec, cache, mask):
+            decode_step(ctx, weights, buf, rec, cache, mask, regional)
+        compiled = torch.compile(traced, fullgraph=True, dynamic=False, backend=key[1])
 
         def step(*args):
             with torch._dynamo.config.patch(**STEP_SETTINGS["dynamo"]), \
