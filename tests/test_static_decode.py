@@ -324,7 +324,6 @@ def test_attention_over_the_written_slots_draws_what_the_full_cache_draws(model,
         monkeypatch.setattr(static_decode, "ATTENTION_BUCKET", bucket)
         spec = RolloutSpec(max_new_tokens=60, temperature=0.8, soft_top_k=5, engine=engine, max_prompt_length=64)
         spans.clear()
-        torch._dynamo.reset() if name == "full" else None
         counters.clear()
         policy = policy_of(backbone, tokenizer, router, token_text=token_text)
         out[name] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=31)

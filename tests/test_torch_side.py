@@ -33,7 +33,6 @@ SUBSET = (
     "[llama-hrpo]",
     "tests/test_functional_decoder.py::test_prefill_and_cached_steps_equal_transformers_forward[llama3-all]",
     "tests/test_functional_decoder.py::test_regional_forward_traces_one_layer_once",
-    "tests/test_static_decode.py::test_attention_over_the_written_slots_draws_what_the_full_cache_draws[qwen2]",
 )
 
 
