@@ -134,12 +134,11 @@ def decoder_weights(model) -> DecoderWeights:
         raise ValueError("the compiled engine has no sliding-window attention: use ENGINE=eager")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"the compiled engine's MLP is SwiGLU; hidden_act={config.hidden_act!r}")
-    attn, mlp = (lambda layer: layer.self_attn), (lambda layer: layer.mlp)
     layers = tuple(Layer(layer.input_layernorm.weight,
-                         _group(*(_projection(getattr(attn(layer), f"{n}_proj")) for n in "qkv")),
-                         _projection(attn(layer).o_proj), layer.post_attention_layernorm.weight,
-                         _group(_projection(mlp(layer).gate_proj), _projection(mlp(layer).up_proj)),
-                         _projection(mlp(layer).down_proj)) for layer in decoder.layers)
+                         _group(*(_projection(getattr(layer.self_attn, f"{n}_proj")) for n in "qkv")),
+                         _projection(layer.self_attn.o_proj), layer.post_attention_layernorm.weight,
+                         _group(_projection(layer.mlp.gate_proj), _projection(layer.mlp.up_proj)),
+                         _projection(layer.mlp.down_proj)) for layer in decoder.layers)
     inv_freq, scale = rotary_frequencies(config, decoder.norm.weight.device)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

@@ -207,9 +207,9 @@ def attention_span(slot: int, cache_len: int) -> int:
 
 class SpanSteps:
     """What runs one step over a given attention span: ``self(n)`` calls ``call(mask[:, :n])``, the view made
-    once per span and its length marked dynamic (one compiled graph serves every span). On CUDA each span's
-    step is a :class:`GraphedStep`, all in one memory pool: the step returns nothing, so no tensor of one
-    capture outlives it, and the graphs run one at a time."""
+    once per span and its length marked unbacked (one compiled graph serves every span, no guard on it). On CUDA
+    each span's step is a :class:`GraphedStep`, all in one memory pool: the step returns nothing, so no tensor of
+    one capture outlives it, and the graphs run one at a time."""
 
     def __init__(self, call, mask: torch.Tensor, device):
         self.call, self.mask, self.cuda = call, mask, torch.device(device).type == "cuda"

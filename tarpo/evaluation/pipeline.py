@@ -81,7 +81,7 @@ def sample_task(args, task: str, examples: list, traj: TrajectoryFile, system, r
                        entropy_soft_when=args.entropy_soft_when, router_greedy=args.router_argmax,
                        engine=saved.get("engine") or "eager")
     if spec.engine != "eager":  # one compiled graph per task: its longest prompt, every chunk padded to a full one
-        spec = dataclasses.replace(spec, batch_size=traj.settings["questions_per_chunk"] * args.n,
+        spec = dataclasses.replace(spec, batch_size=saved["questions_per_chunk"] * args.n,
                                    max_prompt_length=longest_prompt(system.tokenizer, examples,
                                                                     saved["max_prompt_length"]))
     todo = list(range(traj.done_chunks(), len(traj.chunks)))

@@ -52,7 +52,7 @@ def sample(system, examples: list[dict], n: int, spec: RolloutSpec, *, max_promp
         raise ValueError(f"mode {mode!r} needs a trained HRPO gate")
     spec = spec_for_mode(mode, spec)
     backbone = make_backbone(model)
-    device = next(model.parameters()).device
+    device = system.device
     policy = Policy(backbone, token_text_fn(tokenizer), stop_token_ids(model, tokenizer), tokenizer.pad_token_id,
                     router, gate)
     jobs = [(ex, i) for ex in examples for i in range(n)]
