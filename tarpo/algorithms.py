@@ -26,21 +26,42 @@ ALWAYS = "always"      # soft at every thinking step
 ENTROPY = "entropy"    # soft iff the entropy of softmax(z_t / entropy_temperature) > entropy_threshold (or <)
 ROUTER = "router"      # drawn from the router rho(.|h_t) (argmax in the greedy modes)
 
-# what a soft step feeds
+# what a soft step feeds (SOFT_INPUTS below; each one class of tarpo.engine.soft_input)
 TOP_K = "top_k"              # the top-k mixture of tarpo.engine.mixture
-HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture (tarpo.engine.soft_input.HrpoGate)
-GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus noise (tarpo.engine.soft_input.GaussianSoftTokens)
-GUMBEL = "gumbel_top_k"      # the top-k mixture with Gumbel-softmax weights (tarpo.engine.soft_input.GumbelTopK)
+HRPO_GATE = "hrpo_gate"      # HRPO's gated blend of E(v_t) and a mixture
+GAUSSIAN = "gaussian"        # Soft Tokens' full mixture plus noise
+GUMBEL = "gumbel_top_k"      # the top-k mixture with Gumbel-softmax weights
 # the mixture HRPO's gate blends (TarpoConfig.hrpo_mixture, tarpo.engine.soft_input.HrpoGate)
 HRPO_MIXTURES = ("full", "top_k")
+
+
+@dataclass(frozen=True)
+class SoftInput:
+    """What a soft step feeds: the facts about it that a configuration is checked and a run planned with before any
+    model exists. Its code (how a step's input is drawn, how training rebuilds it, its log-density) is the class of
+    :mod:`tarpo.engine.soft_input` registered under the same ``name``."""
+
+    name: str                      # Routing.soft_input
+    help: str
+    feeds_token: bool = False      # a soft step still feeds E(v_t) (a blend): its token keeps its policy-gradient term
+    log_density: bool = False      # its input is a random draw whose log-density is in the policy gradient: valid
+    #                                only for the policy that drew it, so trained on-policy only
+    trained: bool = False          # it has parameters of its own, trained with the policy and saved beside the adapter
+
+
+SOFT_INPUTS = {s.name: s for s in (
+    SoftInput(TOP_K, "the top-k mixture of the tempered token distribution (TARPO, Pure Latent, Entropy Routing)"),
+    SoftInput(HRPO_GATE, "HRPO's gated blend of E(v_t) and a mixture", feeds_token=True, trained=True),
+    SoftInput(GAUSSIAN, "Soft Tokens' full mixture plus Gaussian noise", log_density=True),
+    SoftInput(GUMBEL, "the top-k mixture with Gumbel-softmax weights", log_density=True),
+)}
 
 
 @dataclass(frozen=True)
 class Routing:
     name: str         # TarpoConfig.routing
     soft_when: str    # NEVER, ALWAYS, ENTROPY or ROUTER
-    soft_input: str   # TOP_K, HRPO_GATE, GAUSSIAN or GUMBEL
-    trains: str       # what training learns besides the LoRA backbone: "router", "hrpo_gate" or ""
+    soft_input: str   # what a soft step feeds: a name of SOFT_INPUTS
     algo: str         # the launchers' ALGO that trains with it
     system: str       # its name in tarpo table
     eval_mode: str    # the inference mode its trained model is evaluated with (MODES)
@@ -53,59 +74,35 @@ class Routing:
         return self.soft_when == ROUTER
 
     @property
-    def gate(self) -> bool:
-        return self.soft_input == HRPO_GATE
+    def trains(self) -> str:
+        """What training learns besides the LoRA backbone: "router", the soft input's parameters (its name) or ""."""
+        return "router" if self.router else self.soft_input if self.soft.trained else ""
 
     @property
-    def gaussian(self) -> bool:
-        return self.soft_input == GAUSSIAN
-
-    @property
-    def gumbel(self) -> bool:
-        return self.soft_input == GUMBEL
-
-    @property
-    def scores_the_soft_input(self) -> bool:
-        """A soft step's input is a random draw whose log-density is in the policy gradient (on-policy only)."""
-        return self.soft_input in (GAUSSIAN, GUMBEL)
-
-    @property
-    def token_fed_when_soft(self) -> bool:
-        """A soft step still feeds ``E(v_t)`` (HRPO's blend), so its token stays in the policy gradient."""
-        return self.soft_input == HRPO_GATE
-
-    def full_mixture(self, hrpo_mixture: str | None) -> bool:
-        """A soft step feeds, and the rollout records (``Rollout.soft_inputs``), a ``d``-wide full-vocabulary
-        mixture: Soft Tokens' noisy one, or the one HRPO's gate blends when ``hrpo_mixture`` is ``"full"``
-        (TarpoConfig.hrpo_mixture). The decode step and the memory plan both ask this.
-
-            >>> [ROUTINGS[r].full_mixture("full") for r in ("soft_tokens", "hrpo", "learned")]
-            [True, True, False]
-            >>> ROUTINGS["hrpo"].full_mixture("top_k")
-            False
-        """
-        return self.soft_input == GAUSSIAN or (self.soft_input == HRPO_GATE and hrpo_mixture == "full")
+    def soft(self) -> SoftInput:
+        """What a soft step feeds (its facts; its code: ``tarpo.engine.soft_input.soft_input_class(name)``)."""
+        return SOFT_INPUTS[self.soft_input]
 
 
 ROUTINGS = {r.name: r for r in (
-    Routing("learned", ROUTER, TOP_K, "router", "tarpo", "TARPO", "tarpo",
+    Routing("learned", ROUTER, TOP_K, "tarpo", "TARPO", "tarpo",
             "the router samples hard/soft (TARPO)"),
-    Routing("hard", NEVER, TOP_K, "", "grpo", "GRPO", "cot",
+    Routing("hard", NEVER, TOP_K, "grpo", "GRPO", "cot",
             "always the sampled token (GRPO, CoT)"),
-    Routing("soft", ALWAYS, TOP_K, "", "grpo_pure_latent", "GRPO w/ Pure Latent", "pure_latent",
+    Routing("soft", ALWAYS, TOP_K, "grpo_pure_latent", "GRPO w/ Pure Latent", "pure_latent",
             "always the top-k mixture (Pure Latent)"),
-    Routing("entropy", ENTROPY, TOP_K, "", "grpo_entropy", "GRPO w/ Entropy Routing", "entropy",
+    Routing("entropy", ENTROPY, TOP_K, "grpo_entropy", "GRPO w/ Entropy Routing", "entropy",
             "soft iff token entropy > entropy_threshold (Entropy Routing; entropy_soft_when=low: below it)",
             ("entropy_threshold", "entropy_temperature", "entropy_soft_when")),
-    Routing("hrpo", ALWAYS, HRPO_GATE, "hrpo_gate", "hrpo", "HRPO", "hrpo",
+    Routing("hrpo", ALWAYS, HRPO_GATE, "hrpo", "HRPO", "hrpo",
             "HRPO's gated blend of E(v_t) and the mixture at every thinking step",
             ("hrpo_mixture", "hrpo_lr", "hrpo_lambda_lr", "hrpo_c")),
     # "Soft Tokens, Hard Truths": trained with noisy soft inputs, evaluated with hard inputs
-    Routing("soft_tokens", ALWAYS, GAUSSIAN, "", "soft_tokens", "Soft Tokens", "hard",
+    Routing("soft_tokens", ALWAYS, GAUSSIAN, "soft_tokens", "Soft Tokens", "hard",
             "the full mixture plus Gaussian noise at every thinking step (Soft Tokens)",
             ("soft_tokens_noise_scale",)),
     # exploration inside the soft mode (docs/algorithm.md §8): trained with perturbed mixtures, evaluated as TARPO
-    Routing("learned_gumbel", ROUTER, GUMBEL, "router", "tarpo_gumbel", "TARPO w/ Gumbel", "tarpo",
+    Routing("learned_gumbel", ROUTER, GUMBEL, "tarpo_gumbel", "TARPO w/ Gumbel", "tarpo",
             "the router samples hard/soft; a soft step's top-k weights are a Gumbel-softmax draw (SofT-GRPO-style)",
             ("gumbel_temperature",)),
 )}

@@ -340,7 +340,7 @@ class TarpoConfig(GRPOConfig):
             bad("hrpo_c", "must be > 0")
         if self.soft_tokens_noise_scale <= 0:
             bad("soft_tokens_noise_scale", "must be > 0")
-        if ROUTINGS[self.routing].scores_the_soft_input and self.off_policy:
+        if ROUTINGS[self.routing].soft.log_density and self.off_policy:
             bad("num_iterations" if self.num_iterations > 1 else "steps_per_generation",
                 f"routing {self.routing!r} scores its soft inputs' draw on-policy only (one optimizer step a batch)")
         if self.gumbel_temperature <= 0:

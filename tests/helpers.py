@@ -172,12 +172,13 @@ def encode_prompts(tokenizer, texts):
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
-def policy_of(backbone, tokenizer, router=None, soft_module=None, token_text=None):
+def policy_of(backbone, tokenizer, router=None, soft_input=None, token_text=None):
     """The rollout's :class:`tarpo.engine.step.Policy` of a test tokenizer: its texts (or ``token_text``), EOS
-    and pad."""
+    and pad; ``soft_input`` None: the top-k mixture."""
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.engine.step import Policy
     return Policy(backbone, token_text or token_text_fn(tokenizer), [tokenizer.eos_token_id],
-                  tokenizer.pad_token_id, router, soft_module)
+                  tokenizer.pad_token_id, router, soft_input or TOP_K_MIXTURE)
 
 
 def stand_in_unsloth_decode(model, monkeypatch):

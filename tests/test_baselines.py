@@ -10,7 +10,7 @@ import torch
 from helpers import loss_of
 from helpers import BiasedBackbone, policy_of, encode_prompts
 from tarpo.config import TarpoConfig
-from tarpo.engine.soft_input import GaussianSoftTokens, HrpoGate
+from tarpo.engine.soft_input import TOP_K_MIXTURE, GaussianSoftTokens, HrpoGate
 from tarpo.engine.mixture import build_inputs_embeds, normalised_full_mixture
 from tarpo.training.objective import LossSettings
 from tarpo.algorithms import ALGOS
@@ -19,7 +19,7 @@ from tarpo.engine.sampling import filter_logits
 from tarpo.training.scoring import ScoreSettings, score_rollout, sequence_hidden
 from tarpo.models.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer
-from helpers import DATA, letter_reward, make_args, make_dataset, needs_data
+from helpers import DATA, ROOT, letter_reward, make_args, make_dataset, needs_data
 
 
 def test_hrpo_gate_starts_with_at_least_99_percent_token_embedding():
@@ -78,8 +78,7 @@ def test_hrpo_default_is_hrpos_formula_by_hand(top_k):
 
     mixed = normalised_full_mixture(filter_logits(torch.tensor([z]), T, top_k=top_k), E)  # what the rollout records
     torch.testing.assert_close(mixed, torch.tensor([m]), rtol=0, atol=1e-6)
-    fed = build_inputs_embeds(E, torch.tensor([v]), torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1),
-                              torch.tensor([True]), gate=gate, soft_inputs=mixed)
+    fed = build_inputs_embeds(E, torch.tensor([v]), torch.tensor([True]), gate, dict(soft_inputs=mixed))
     torch.testing.assert_close(fed, torch.tensor([u]), rtol=0, atol=1e-6)
 
 
@@ -120,12 +119,12 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
     bias[tokenizer.eos_token_id] = 3.0 if routing == "hrpo" else 1.5  # rows end at different steps (compaction)
     backbone = BiasedBackbone(model, bias)
     E = backbone.embed_weight
-    soft_module = (HrpoGate(model.config.hidden_size, a_range=(0.5, 0.6), mixture=mixture) if routing == "hrpo"
-              else GaussianSoftTokens(E))
+    soft_input = (HrpoGate(model.config.hidden_size, a_range=(0.5, 0.6), mixture=mixture) if routing == "hrpo"
+                  else GaussianSoftTokens(E))
     enc = encode_prompts(tokenizer, ["what is 2+3?", "hi", "a longer prompt here"])
     spec = RolloutSpec(max_new_tokens=40, temperature=0.8, top_k=20 if routing == "hrpo" else 0, soft_top_k=5,
                        routing=routing)
-    out = hybrid_generate(policy_of(backbone, tokenizer, soft_module=soft_module), enc.input_ids, enc.attention_mask,
+    out = hybrid_generate(policy_of(backbone, tokenizer, soft_input=soft_input), enc.input_ids, enc.attention_mask,
                           spec)
     m = out.completion_mask
     # exact: boolean masks
@@ -134,13 +133,13 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
     with torch.no_grad():
         scores = score_rollout(backbone, None, None, out,
                                ScoreSettings(temperature=0.8, chunk_size=7, use_router=False, with_reference=False),
-                                             soft_module=soft_module)
+                               soft_input=soft_input)
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     assert out.soft_inputs.shape[-1] == (0 if mixture == "top_k" else model.config.hidden_size)
     if mixture == "full":  # the recorded m is HRPO's (p . E) / |p|_2 of the top-20-filtered logits that step
         soft = m & out.is_soft
         with torch.no_grad():
-            logits = backbone.logits(sequence_hidden(backbone, out, soft_module)[soft]).float()
+            logits = backbone.logits(sequence_hidden(backbone, out, soft_input)[soft]).float()
         hand = normalised_full_mixture(filter_logits(logits, 0.8, top_k=20), E)
         torch.testing.assert_close(out.soft_inputs[soft], hand, atol=1e-4, rtol=1e-4)
     if routing == "soft_tokens":
@@ -151,7 +150,7 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
         # On-policy the recorded input is mean + sigma * eps, so log N = -|eps|^2 / 2 - d log(sigma sqrt(2 pi))
         # with eps ~ N(0, I): |eps|^2 / d averages 1 over the soft steps.
         d = model.config.hidden_size
-        const = d * (math.log(soft_module.sigma) + 0.5 * math.log(2 * math.pi))
+        const = d * (math.log(soft_input.sigma) + 0.5 * math.log(2 * math.pi))
         eps2 = -2 * (scores.logp_soft_input[soft] + const)
         assert soft.sum() >= 20 and abs(eps2.mean().item() / d - 1) < 0.15
 
@@ -166,7 +165,7 @@ def test_every_algo_trains_and_changes_every_trainable_parameter(tokenizer, tmp_
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert any("lora_" in n for n in trainable)
     assert any("tarpo_router" in n for n in trainable) == ALGOS[algo].router
-    assert any("tarpo_gate" in n for n in trainable) == ALGOS[algo].gate
+    assert any("tarpo_gate" in n for n in trainable) == ALGOS[algo].soft.trained
     for n, p in trainer.model.named_parameters():
         # exact: a frozen tensor is never written; a trained one moves
         assert torch.equal(p, before[n]) != (n in trainable), f"{n}: trainable={n in trainable}"
@@ -187,14 +186,13 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     from tarpo.evaluation.sample import sample
     from tarpo.evaluation.system import System
     from tarpo.engine.soft_input import HRPO_WEIGHTS
-    from tarpo.models.loading import load_gate
 
     args = make_args(tmp_path, routing="hrpo", max_steps=1)
     trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, seed=2), reward_funcs=letter_reward, args=args,
                            train_dataset=make_dataset(), processing_class=tokenizer)
     trainer.train()
     trainer.save_model(str(tmp_path / "adapter"))
-    gate = load_gate(str(tmp_path / "adapter"))
+    gate = HrpoGate.load(str(tmp_path / "adapter"))
     for k, v in trainer.gate.state_dict().items():
         torch.testing.assert_close(gate.state_dict()[k], v)
     assert gate.mixture == trainer.gate.mixture == "full" and gate.c == args.hrpo_c  # evaluation blends as training
@@ -203,14 +201,15 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     save_file({k: v.contiguous() for k, v in gate.state_dict().items()}, str(old / HRPO_WEIGHTS),
               metadata={"c": "8.0"})
     with pytest.raises(ValueError, match=r"old/hrpo_gate.safetensors: no mixture in its metadata"):
-        load_gate(str(old))
+        HrpoGate.load(str(old))
     examples = [{"id": "q", "prompt": [{"role": "user", "content": "question 1?"}]}]
     system = System(trainer.model, None, gate, tokenizer, torch.device("cpu"), "hrpo")
     recs = sample(system, examples, 2, RolloutSpec(max_new_tokens=8), max_prompt_length=64,
                   generator=torch.Generator().manual_seed(0))
     assert len(recs) == 2 and all(r["soft_steps"] > 0 for r in recs)
-    with pytest.raises(ValueError, match="needs a trained HRPO gate"):
-        sample(system._replace(gate=None), examples, 1, RolloutSpec(max_new_tokens=4), max_prompt_length=64)
+    with pytest.raises(ValueError, match="routing='hrpo' needs its soft input 'hrpo_gate'"):
+        sample(system._replace(soft_input=TOP_K_MIXTURE), examples, 1, RolloutSpec(max_new_tokens=4),
+               max_prompt_length=64)
 
 
 def test_entropy_routing_thresholds_the_entropy_at_entropy_temperature(model, tokenizer):
@@ -262,3 +261,45 @@ def test_entropy_temperature_works_in_tarpo_eval(tiny, tmp_path, capsys):
     assert cli(["eval", "--model", tiny[0], "--mode", "entropy", "--tasks", "gsm8k", "--entropy-temperature", "0",
                 "--out", str(tmp_path / "bad")]) == 2
     assert "--entropy-temperature 0.0: must be > 0" in capsys.readouterr().err
+
+
+def test_the_documented_soft_input_example_trains_as_written(tokenizer, tmp_path, monkeypatch):
+    """docs/algorithm.md §3's smallest soft input, added as the docs say (its row, its class, a routing rule): the
+    decode step feeds it, the rollout records it, the training forward rebuilds it and a trainer step trains."""
+    import ast
+    import re
+
+    from tarpo import algorithms
+    from tarpo.engine import soft_input
+
+    doc = open(f"{ROOT}/docs/algorithm.md").read()
+    code = re.search(r"\*\*What a soft step feeds\*\*.*?```python\n(.*?)```", doc, flags=re.S).group(1)
+    rows, definition = code.split("# tarpo/engine/soft_input.py")
+    scope = {**vars(algorithms), **vars(soft_input), "torch": torch}
+    row, rule = (eval(compile(ast.Expression(s.value.elts[0]), "docs", "eval"), scope)
+                 for s in ast.parse(rows).body)
+    monkeypatch.setitem(algorithms.SOFT_INPUTS, row.name, row)
+    monkeypatch.setitem(algorithms.ROUTINGS, rule.name, rule)
+    monkeypatch.setitem(soft_input.CLASSES, row.name, None)  # put back as it was after the test
+    exec(definition, scope)
+    uniform = soft_input.soft_input_class(row.name)()
+
+    model = tiny_causal_lm(tokenizer, seed=2)
+    backbone = BiasedBackbone(model, torch.zeros(model.config.vocab_size))
+    enc = encode_prompts(tokenizer, ["what is 2+3?", "hi"])
+    spec = RolloutSpec(max_new_tokens=12, temperature=0.8, soft_top_k=5, routing=rule.name)
+    torch.manual_seed(0)
+    out = hybrid_generate(policy_of(backbone, tokenizer, soft_input=uniform), enc.input_ids, enc.attention_mask, spec)
+    soft = out.is_soft
+    # exact: the recorded weights are the fp32 constant 1/k the class wrote, copied where soft
+    assert soft.any() and torch.equal(out.soft_weights[soft], torch.full((int(soft.sum()), 5), 0.2))
+    with torch.no_grad():  # the training forward rebuilds the fed inputs: the rollout's log-probs again
+        scores = score_rollout(backbone, None, None, out, ScoreSettings(temperature=0.8, chunk_size=7,
+                                                                        use_router=False, with_reference=False),
+                               soft_input=uniform)
+    torch.testing.assert_close(scores.logp_tok[out.completion_mask], out.logp[out.completion_mask], atol=1e-4, rtol=0)
+    trainer = TarpoTrainer(model=model, reward_funcs=letter_reward, processing_class=tokenizer,
+                           args=make_args(tmp_path, routing=rule.name, max_steps=1), train_dataset=make_dataset())
+    assert type(trainer.soft_input).__name__ == "UniformTopK"
+    trainer.train()
+    assert trainer.state.log_history[0]["soft_ratio"] > 0

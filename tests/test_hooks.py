@@ -7,6 +7,7 @@ from peft import LoraConfig, get_peft_model
 from helpers import HookedBackbone, policy_of, encode_prompts
 from tarpo.engine.backbone import Backbone, positions_from_mask
 from tarpo.engine.mixture import build_inputs_embeds, soft_topk
+from tarpo.engine.soft_input import TOP_K_MIXTURE
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
 
@@ -22,7 +23,7 @@ def test_override_and_capture_equal_the_inputs_embeds_path(model, tokenizer):
     torch.manual_seed(0)
     soft = torch.rand(ids.shape) < 0.5
     k_ids, k_w = soft_topk(torch.randn(*ids.shape, E.shape[0]), 5)
-    embeds = build_inputs_embeds(E, ids, k_ids, k_w, soft)
+    embeds = build_inputs_embeds(E, ids, soft, TOP_K_MIXTURE, dict(soft_ids=k_ids, soft_weights=k_w))
     pos = positions_from_mask(mask)
     with torch.no_grad():
         want = plain.hidden(embeds, mask, pos)

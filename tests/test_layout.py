@@ -197,6 +197,7 @@ def test_no_module_is_over_400_lines():
 CALLED_FROM_OUTSIDE = {
     "tarpo/training/callbacks.py:*.on_*": "TrainerCallback events: transformers' CallbackHandler calls them by name",
 }
+REGISTERS = {"registered"}  # a class decorated so is read from its registry by name (tarpo.engine.soft_input)
 
 
 def sources(*folders: str) -> dict[str, str]:
@@ -236,12 +237,14 @@ def references(source: str) -> tuple[set[str], set[tuple[str | None, str]]]:
 
 
 def definitions(path: str, source: str) -> list[tuple[str, str | None, str]]:
-    """``(module, class or None, name)`` of every top-level function and class and every method but dunders."""
+    """``(module, class or None, name)`` of every top-level function and class and every method but dunders; a
+    class put in a registry (decorated with a name of REGISTERS) is not listed, its registry reads it."""
     module = os.path.splitext(os.path.basename(path))[0]
     module = os.path.basename(os.path.dirname(path)) if module == "__init__" else module
     out = []
     for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        registered = any(getattr(d, "id", None) in REGISTERS for d in getattr(node, "decorator_list", ()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not registered:
             out.append((module, None, node.name))
         if isinstance(node, ast.ClassDef):
             out += [(module, node.name, m.name) for m in node.body
@@ -298,10 +301,11 @@ def test_no_production_name_is_used_only_by_tests():
 def test_a_name_used_only_by_tests_is_found():
     package = {"tarpo/x.py": '"""``oracle`` is documented."""\ndef oracle(): pass\ndef used(): pass\n'
                              "def by_module(): pass\ndef by_attribute(): pass\nclass C:\n    def m(self): pass\n"
-                             "    def n(self): pass\n    def by_name(self): pass\n    def __len__(self): return 0\n"}
+                             "    def n(self): pass\n    def by_name(self): pass\n    def __len__(self): return 0\n"
+                             "@registered\nclass Kept:\n    pass\n"}
     production = ["from tarpo.x import used\nfrom tarpo import x\nused(), x.by_module(), C().n()\n"
                   "getattr(C(), 'by_name')\nrecord.by_attribute  # oracle()\n"]
-    tests = ["from tarpo.x import oracle, used, by_module, by_attribute, C\n"
+    tests = ["from tarpo.x import oracle, used, by_module, by_attribute, C, Kept\n"
              "oracle(), used(), by_module(), by_attribute(), C().m(), C().n(), C().by_name(), len(C())\n"]
     assert used_only_by_tests(package, production, tests) == ["tarpo/x.py:oracle", "tarpo/x.py:by_attribute",
                                                                "tarpo/x.py:C.m"]
@@ -326,6 +330,34 @@ def test_the_readme_layout_table_is_the_tree():
     assert files - named == set(), "modules the README's layout table does not list"
     listed = {n for n in named if "/" in n and "*" not in n}
     assert {n for n in listed if not os.path.exists(os.path.join(ROOT, n))} == set(), "listed paths that do not exist"
+
+
+# a soft input's own names (issue 45): its class and its table constant, read through the interface elsewhere
+SOFT_INPUT_NAMES = {"TopKMixture", "HrpoGate", "GaussianSoftTokens", "GumbelTopK", "TOP_K", "HRPO_GATE", "GAUSSIAN",
+                    "GUMBEL"}
+SOFT_INPUT_OWNERS = {"tarpo/algorithms.py", "tarpo/engine/soft_input.py"}
+
+
+def soft_input_dispatch(source: str) -> list[int]:
+    """The lines of ``source`` that name one soft input (SOFT_INPUT_NAMES) instead of reading the interface."""
+    return sorted({n.lineno for n in ast.walk(ast.parse(source))
+                   if (n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute)
+                       else n.name if isinstance(n, ast.alias) else None) in SOFT_INPUT_NAMES})
+
+
+def test_every_soft_input_is_one_class_and_one_row_that_the_rest_reads_through_its_interface():
+    from tarpo.algorithms import MODES, ROUTINGS, SOFT_INPUTS
+    from tarpo.engine.soft_input import CLASSES
+
+    assert set(CLASSES) == set(SOFT_INPUTS) and all(CLASSES[n].kind is SOFT_INPUTS[n] for n in SOFT_INPUTS)
+    assert {r.soft_input for r in ROUTINGS.values()} <= set(SOFT_INPUTS)
+    assert all(hasattr(CLASSES[m.rule.soft_input], "load") for m in MODES.values())  # what tarpo eval loads
+    package = {**package_sources(), **{os.path.relpath(p, ROOT): open(p).read() for n, p in modules().items()
+                                       if n.startswith("tarpo.patches")}}
+    assert {path: lines for path, source in package.items()
+            if path not in SOFT_INPUT_OWNERS and (lines := soft_input_dispatch(source))} == {}
+    assert soft_input_dispatch("from .soft_input import HrpoGate\nif isinstance(m, soft.GumbelTopK):\n"
+                               "    x = rule.soft_input == GAUSSIAN\ny = m.soft_input.draw()\n") == [1, 2, 3]
 
 
 def test_each_routing_rule_and_mode_is_one_entry_that_the_rest_reads():
@@ -400,8 +432,9 @@ def test_the_three_launchers_share_one_body_that_lists_every_variable():
 OWNERS = {  # a name defined (a function, class or method, or assigned at a module's top level) -> its one module
     "engine_for": "tarpo/engine/engine_choice.py", "check_engine": "tarpo/engine/engine_choice.py",
     "cache_length": "tarpo/engine/static_decode.py", "CACHE_BUCKET": "tarpo/engine/static_decode.py",
-    "full_mixture": "tarpo/algorithms.py", "SAMPLES": "tarpo/algorithms.py", "sampling_problem": "tarpo/config.py",
-    "ENGINES": "tarpo/config.py", "BACKENDS": "tarpo/models/loading.py", "DTYPES": "tarpo/models/loading.py",
+    "full_mixture": "tarpo/engine/soft_input.py", "SAMPLES": "tarpo/algorithms.py",
+    "sampling_problem": "tarpo/config.py", "ENGINES": "tarpo/config.py", "BACKENDS": "tarpo/models/loading.py",
+    "DTYPES": "tarpo/models/loading.py",
     "ARCHITECTURES": "tarpo/architectures.py",
 }
 SHAPE_FIELDS = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

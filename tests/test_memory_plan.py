@@ -129,7 +129,7 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
     run = mp.Run(rows=4, prompt=40, completion=50, engine="compiled")
     assert mp.cache_positions(run) == 128  # 90 rounded up to the bucket of 64
     backbone, weights = Backbone(model), fd.decoder_weights(model)
-    ctx = SimpleNamespace(backbone=backbone, spec=SimpleNamespace(max_new_tokens=50, soft_top_k=4), full_mix=False,
+    ctx = SimpleNamespace(backbone=backbone, spec=SimpleNamespace(max_new_tokens=50, soft_top_k=4), mixture_width=0,
                           pad_token_id=0)
     cache = DecodeBuffers(ctx, weights, 4, mp.cache_positions(run), "cpu").cache
     mask = torch.ones(4, 40, dtype=torch.long)

@@ -1,6 +1,7 @@
 import torch
 
 from tarpo.engine.mixture import build_inputs_embeds, soft_topk
+from tarpo.engine.soft_input import TOP_K_MIXTURE
 
 
 def test_soft_topk_matches_hand_computation():
@@ -20,7 +21,7 @@ def test_weights_sum_to_one_and_mixture_is_hand_weighted_sum():
     torch.testing.assert_close(w.sum(-1), torch.ones(3))
     tokens = torch.tensor([4, 7, 9])
     is_soft = torch.tensor([True, False, True])
-    out = build_inputs_embeds(E, tokens, ids, w, is_soft)
+    out = build_inputs_embeds(E, tokens, is_soft, TOP_K_MIXTURE, dict(soft_ids=ids, soft_weights=w))
     for r in range(3):
         expected = sum(w[r, i] * E[ids[r, i]] for i in range(5)) if is_soft[r] else E[tokens[r]]
         torch.testing.assert_close(out[r], expected)
@@ -34,9 +35,10 @@ def test_step_and_batch_shapes_rebuild_identical_embeddings():
     ids, w = soft_topk(torch.randn(B, T, 40), k)
     tokens = torch.randint(0, 40, (B, T))
     is_soft = torch.rand(B, T) < 0.5
-    batch = build_inputs_embeds(E, tokens, ids, w, is_soft, chunk_size=3)
+    batch = build_inputs_embeds(E, tokens, is_soft, TOP_K_MIXTURE, dict(soft_ids=ids, soft_weights=w), chunk_size=3)
     for t in range(T):
-        step = build_inputs_embeds(E, tokens[:, t], ids[:, t], w[:, t], is_soft[:, t])
+        step = build_inputs_embeds(E, tokens[:, t], is_soft[:, t], TOP_K_MIXTURE,
+                                   dict(soft_ids=ids[:, t], soft_weights=w[:, t]))
         # exact: elementwise products and a per-row sum over k (no matmul): the point of topk_mixture
         assert torch.equal(step, batch[:, t])
     assert batch.dtype == torch.bfloat16

@@ -157,12 +157,12 @@ def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokeni
     bias[tokenizer.eos_token_id] = 1.0  # rows end at different steps, some between two checks
     backbone = BiasedBackbone(model, bias)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0])
-    soft_module = {"hrpo": lambda: HrpoGate(model.config.hidden_size), "learned_gumbel": lambda: GumbelTopK(0.5),
-              "soft_tokens": lambda: GaussianSoftTokens(backbone.embed_weight)}.get(routing, lambda: None)()
+    soft_input = {"hrpo": lambda: HrpoGate(model.config.hidden_size), "learned_gumbel": lambda: GumbelTopK(0.5),
+                  "soft_tokens": lambda: GaussianSoftTokens(backbone.embed_weight)}.get(routing, lambda: None)()
     spec = RolloutSpec(max_new_tokens=3 * DONE_CHECK_EVERY + 5, temperature=0.8, soft_top_k=5, routing=routing)
     kw = {"noise_seed": 7} if keyed else {"generator": torch.Generator().manual_seed(7)}
     enc = encode_prompts(tokenizer, PROMPTS)
-    policy = policy_of(backbone, tokenizer, router, soft_module)
+    policy = policy_of(backbone, tokenizer, router, soft_input)
     per_step, out, counter = per_decode_step(lambda: hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec,
                                                                      **kw))
     checks = [t for t in range(len(per_step)) if (t + 1) % DONE_CHECK_EVERY == 0]

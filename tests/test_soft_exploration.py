@@ -84,7 +84,7 @@ def test_a_gumbel_rollout_is_rebuilt_exactly_in_training_and_its_draw_is_scored(
     with torch.no_grad():
         scores = score_rollout(backbone, router, None, out,
                                ScoreSettings(temperature=0.8, chunk_size=7, use_router=True, with_reference=False),
-                                             soft_module=gumbel)
+                                             soft_input=gumbel)
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     hand = gumbel.log_density(logits.gather(-1, ids), out.soft_weights[soft])
     torch.testing.assert_close(scores.logp_soft_input[soft], hand, atol=1e-3, rtol=1e-4)

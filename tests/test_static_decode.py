@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 
 from helpers import BiasedBackbone, encode_prompts, policy_of
 from tarpo.engine.backbone import Backbone
-from tarpo.engine.soft_input import GaussianSoftTokens, GumbelTopK, HrpoGate
+from tarpo.engine.soft_input import TOP_K_MIXTURE, GaussianSoftTokens, GumbelTopK, HrpoGate
 from tarpo.engine.mixture import topk_mixture
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
@@ -46,22 +46,22 @@ def run_both(model, tokenizer, routing, seed=0, **spec_kw):
     backbone = BiasedBackbone(model, bias)
     torch.manual_seed(seed)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
-    soft_module = None
+    soft_input = TOP_K_MIXTURE
     if routing == "hrpo":
-        soft_module = HrpoGate(model.config.hidden_size, mixture=spec_kw.pop("mixture", "full"), a_range=(0.5, 0.6))
+        soft_input = HrpoGate(model.config.hidden_size, mixture=spec_kw.pop("mixture", "full"), a_range=(0.5, 0.6))
     elif routing == "soft_tokens":
-        soft_module = GaussianSoftTokens(backbone.embed_weight)
+        soft_input = GaussianSoftTokens(backbone.embed_weight)
     elif routing == "learned_gumbel":
-        soft_module = GumbelTopK(0.5)
+        soft_input = GumbelTopK(0.5)
     enc = encode_prompts(tokenizer, PROMPTS)
     out = {}
     for engine in ("eager", "compiled"):
         spec = RolloutSpec(max_new_tokens=spec_kw.pop("max_new_tokens", 40) if engine == "eager" else out["T"],
                            temperature=0.8, soft_top_k=5, routing=routing, engine=engine, **spec_kw)
         out["T"] = spec.max_new_tokens
-        policy = policy_of(backbone, tokenizer, router, soft_module, token_text)
+        policy = policy_of(backbone, tokenizer, router, soft_input, token_text)
         out[engine] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=seed + 11)
-    return backbone, router, soft_module, out["eager"], out["compiled"]
+    return backbone, router, soft_input, out["eager"], out["compiled"]
 
 
 def assert_same(eager, compiled):
@@ -90,7 +90,7 @@ INDUCTOR_IDS = {f"test_compiled_engine_draws_the_eager_trajectory_given_the_same
 
 @pytest.mark.parametrize("routing,kw", ROUTINGS, ids=[f"{r}-{'-'.join(k) or 'default'}" for r, k in ROUTINGS])
 def test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise(model, tokenizer, routing, kw):
-    backbone, router, soft_module, eager, compiled = run_both(model, tokenizer, routing, **kw)
+    backbone, router, soft_input, eager, compiled = run_both(model, tokenizer, routing, **kw)
     assert_same(eager, compiled)
     units = eager.units
     if not kw.get("greedy"):
@@ -103,12 +103,12 @@ def test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise(model, 
 
 @pytest.mark.parametrize("routing", ["learned", "hrpo", "soft_tokens"])
 def test_training_forward_rebuilds_the_compiled_rollout(model, tokenizer, routing):
-    backbone, router, soft_module, _, compiled = run_both(model, tokenizer, routing)
+    backbone, router, soft_input, _, compiled = run_both(model, tokenizer, routing)
     assert compiled.is_soft.any()
     with torch.no_grad():
         scores = score_rollout(backbone, router, None, compiled,
                                ScoreSettings(temperature=0.8, chunk_size=7, use_router=routing == "learned",
-                                             with_reference=False), soft_module=soft_module)
+                                             with_reference=False), soft_input=soft_input)
     m = compiled.completion_mask
     torch.testing.assert_close(scores.logp_tok[m], compiled.logp[m], atol=1e-4, rtol=0)
     if routing == "learned":

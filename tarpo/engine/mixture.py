@@ -11,12 +11,12 @@ in ``soft_inputs``; Soft Tokens feed the recorded noisy full mixture (``soft_inp
 
 Every top-k mixture, in either rollout engine and in training, is :func:`topk_mixture`: an
 elementwise product summed over k, so a row's mixture is computed alone, the same whatever
-the batch size and whichever other rows are soft, and every soft input is :func:`soft_step_input`
-of ``E(v_t)`` and that mixture. The decode step (:mod:`tarpo.engine.step`, both rollout engines) mixes
-every row and picks with ``torch.where``; the trainer calls :func:`build_inputs_embeds` once per
-batch with ``[B, T]``-shaped records: the same ids and fp32 weights (or the same recorded fp32
-mixtures) give the same inputs. Rebuilding a top-k mixture gathers only k rows of ``E`` per soft step; a
-full-vocabulary mixture is computed once, at sampling time, and recorded (d floats per step).
+the batch size and whichever other rows are soft, and every soft input is its soft input's ``feed``
+of ``E(v_t)`` and that mixture (:mod:`tarpo.engine.soft_input`). The decode step (:mod:`tarpo.engine.step`,
+both rollout engines) mixes every row and picks with ``torch.where``; the trainer calls
+:func:`build_inputs_embeds` once per batch with ``[B, T]``-shaped records: the same ids and fp32 weights
+(or the same recorded fp32 mixtures) give the same inputs. Rebuilding a top-k mixture gathers only k rows of
+``E`` per soft step; a full-vocabulary mixture is computed once, at sampling time, and recorded (d floats per step).
 """
 
 from __future__ import annotations
@@ -64,51 +64,25 @@ def normalised_full_mixture(filtered_scores: torch.Tensor, embedding: torch.Tens
     return mixed / p.norm(dim=-1, keepdim=True)
 
 
-def soft_step_input(token_embedding: torch.Tensor, mixture: torch.Tensor, gate=None) -> torch.Tensor:
-    """What a soft step feeds, given ``E(v_t)`` and its fp32 mixture (any leading shape): the
-    mixture, or HRPO's gated blend of the two; in ``E``'s dtype.
-
-        >>> soft_step_input(torch.zeros(1, 2, dtype=torch.bfloat16), torch.tensor([[0.5, 1.5]]))
-        tensor([[0.5000, 1.5000]], dtype=torch.bfloat16)
-    """
-    return (gate(token_embedding, mixture) if gate is not None else mixture).to(token_embedding.dtype)
-
-
-def build_inputs_embeds(
-    embedding: torch.Tensor,
-    token_ids: torch.Tensor,
-    soft_ids: torch.Tensor,
-    soft_weights: torch.Tensor,
-    is_soft: torch.Tensor,
-    chunk_size: int = 1024,
-    gate=None,
-    soft_inputs: torch.Tensor | None = None,
-) -> torch.Tensor:
+def build_inputs_embeds(embedding: torch.Tensor, token_ids: torch.Tensor, is_soft: torch.Tensor, soft_input,
+                        recorded: dict, chunk_size: int = 1024) -> torch.Tensor:
     """Input embeddings for recorded steps of any leading shape ``S``.
 
     Args:
         embedding: the input embedding matrix ``E`` [V, d].
         token_ids: sampled ids ``v_t`` [*S] (placeholders at soft steps).
-        soft_ids, soft_weights: top-k ids [*S, k] and fp32 weights [*S, k]; read only where soft.
         is_soft: bool [*S], the router's action ``d_t == soft``.
-        chunk_size: soft positions mixed at a time, bounding the fp32 [n, k, d] gather (k = 30,
-            d = 2048: 250 MB a chunk).
-        gate: HRPO's gate; soft positions then get ``gate(E(v_t), mixture)``.
-        soft_inputs: [*S, d] recorded fp32 mixtures of soft positions, used instead of the top-k
-            ones: fed as they are (Soft Tokens) or through ``gate`` (HRPO's full mixture).
+        soft_input: what a soft step feeds (:mod:`tarpo.engine.soft_input`), the rollout's.
+        recorded: the rollout's soft records, name -> [*S, ...] (``soft_ids``, ``soft_weights``, ``soft_inputs``);
+            read only where soft.
+        chunk_size: soft positions mixed at a time where a mixture is rebuilt from top-k records.
 
-    Returns ``E[token_ids]`` with soft positions replaced by the fp32 mixture (or its
-    gated blend), cast to ``E``'s dtype.
+    Returns ``E[token_ids]`` with soft positions replaced by what the soft input feeds there, in ``E``'s dtype.
     """
     out = embedding[token_ids]
     where = is_soft.nonzero(as_tuple=True)
     if where[0].numel() == 0:
         return out
-    if soft_inputs is not None:
-        mixed = soft_inputs[where].float()
-    else:
-        ids, weights = soft_ids[where], soft_weights[where]
-        mixed = torch.cat([topk_mixture(embedding, ids[s:s + chunk_size], weights[s:s + chunk_size])
-                           for s in range(0, ids.shape[0], chunk_size)])
-    out[where] = soft_step_input(out[where], mixed, gate)
+    mixed = soft_input.recorded_mixture(embedding, {name: r[where] for name, r in recorded.items()}, chunk_size)
+    out[where] = soft_input.feed(out[where], mixed)
     return out

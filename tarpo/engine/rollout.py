@@ -15,8 +15,8 @@ step. ``Rollout.decided`` marks those steps; they are the thinking steps of the
 objective (L_act, the action KL and delta_t).
 
 The baselines of docs/algorithm.md §3 are routings of the same loop: ``hrpo`` and ``soft_tokens`` go
-soft at every thinking step and change what a soft step feeds (``soft_module``: HRPO's gate,
-or Soft Tokens' noisy full mixture); a full-vocabulary mixture (Soft Tokens', and HRPO's
+soft at every thinking step and change what a soft step feeds (their soft input, :mod:`tarpo.engine.soft_input`: HRPO's
+gate, or Soft Tokens' noisy full mixture); a full-vocabulary mixture (Soft Tokens', and HRPO's
 own ``(p · E) / ‖p‖₂``) is recorded in ``soft_inputs``. ``entropy`` routing thresholds the
 entropy of ``softmax(z_t / entropy_temperature)``; by default ``entropy_temperature`` = 1,
 the model's own token distribution, whatever the sampling temperature.
@@ -164,7 +164,7 @@ def _decode(ctx: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) 
     device, spec, backbone = prompt_ids.device, ctx.spec, ctx.backbone
     B, T, E = prompt_ids.shape[0], spec.max_new_tokens, backbone.embed_weight
     compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
-    rec = new_records(B, T, spec.soft_top_k, E.shape[1] if ctx.full_mix else 0, ctx.pad_token_id, device)
+    rec = new_records(B, T, spec.soft_top_k, ctx.mixture_width, ctx.pad_token_id, device)
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)
 
     # The running sub-batch: `rows` maps its positions to the batch's rows. Rows that ended ride along

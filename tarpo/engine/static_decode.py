@@ -261,11 +261,11 @@ class DecodeBuffers:
 
     def __init__(self, ctx: DecodeContext, weights, batch: int, cache_len: int, device):
         """For ``batch`` rows of the rollout ``ctx`` (its backbone, ``spec.max_new_tokens`` and ``soft_top_k``,
-        ``full_mix``, ``pad_token_id``) over a cache of ``cache_len`` positions."""
+        ``mixture_width``, ``pad_token_id``) over a cache of ``cache_len`` positions."""
         B, z, backbone = batch, dict(device=device), ctx.backbone
         self.cache = functional_decoder.new_cache(weights, B, cache_len, backbone.embed_weight.dtype, device)
-        self.rec = new_records(B, ctx.spec.max_new_tokens, ctx.spec.soft_top_k,
-                               backbone.embed_weight.shape[1] if ctx.full_mix else 0, ctx.pad_token_id, device)
+        self.rec = new_records(B, ctx.spec.max_new_tokens, ctx.spec.soft_top_k, ctx.mixture_width, ctx.pad_token_id,
+                               device)
         # one spare column that no step reads: a span's view mask[:, :n] is then never contiguous, not even the whole
         # cache's, and one compiled graph serves every span (a contiguous first view was guarded on: a recompile)
         self.mask = torch.ones(B, cache_len + 1, dtype=torch.long, **z)[:, :cache_len]

@@ -1,7 +1,8 @@
 """The one decode step of docs/algorithm.md §1, run by both rollout engines::
 
     h_t -> logits -> filters -> token v_t -> log-prob, entropy -> answer-tag automaton
-        -> router d_t -> soft input (top-k mixture, full mixture, Gaussian; HRPO's gate) -> next input
+        -> router d_t -> soft input (tarpo.engine.soft_input: top-k mixture, HRPO's gate, Gaussian, Gumbel)
+        -> next input
 
 :func:`hybrid_step` computes it for every row of a batch at once, with fixed shapes and no host
 sync; what stays the same over a rollout (settings, modules, tag tables, end ids) comes in one
@@ -36,12 +37,11 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ..algorithms import ALWAYS, ENTROPY, NEVER, ROUTINGS, TOP_K
+from ..algorithms import ALWAYS, ENTROPY, NEVER, ROUTINGS
 from . import tag_automaton
-from .soft_input import GaussianSoftTokens, GumbelTopK
-from .mixture import normalised_full_mixture, soft_step_input, soft_topk, topk_mixture
-from .sampling import (STREAM_GAUSSIAN, STREAM_GUMBEL, STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax,
-                       logprobs_and_entropy, sample_tokens, step_normals, step_uniforms)
+from .soft_input import TOP_K_MIXTURE
+from .sampling import (STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax, logprobs_and_entropy, sample_tokens,
+                       step_normals, step_uniforms)
 
 
 class Policy(NamedTuple):
@@ -53,15 +53,14 @@ class Policy(NamedTuple):
     eos_token_ids: object            # the ids that end a row
     pad_token_id: int
     router: object = None            # tarpo.engine.router.Router; needed only by the learned routings
-    soft_module: object = None       # the routing's soft-input module (tarpo.engine.soft_input): HRPO's gate,
-    #                                  Soft Tokens' noise or the Gumbel draw; None for the top-k mixture
+    soft_input: object = TOP_K_MIXTURE  # what a soft step feeds: the routing's soft input (tarpo.engine.soft_input)
 
 
 class DecodeContext(NamedTuple):
     """What every step of one rollout reads and none changes, built once per rollout (:meth:`build`).
 
     The settings are the rollout's :class:`tarpo.engine.rollout.RolloutSpec` itself (frozen), their one
-    owner; the fields after the tag tables are what the routing's soft-input module and the tokenizer add.
+    owner; the modules (router, soft input) and the tokenizer's tables come from the :class:`Policy`.
     A NamedTuple, so that dynamo takes it apart as it is when the compiled engine's step
     (:func:`tarpo.engine.static_decode.decode_step`) receives it: the graph reads its tensors as inputs
     and specialises on its Python constants."""
@@ -69,35 +68,33 @@ class DecodeContext(NamedTuple):
     spec: object          # tarpo.engine.rollout.RolloutSpec: temperature, top_k/p, soft_top_k, routing, ...
     backbone: object      # the policy (tarpo.engine.backbone.Backbone): embedding and head
     router: object        # tarpo.engine.router.Router; read only by the learned routings
-    gate: object          # the gate a soft step's input goes through: HRPO's under a gated rule, else None
+    soft_input: object    # what a soft step feeds (tarpo.engine.soft_input), the routing's
     next_tag: torch.Tensor  # [S, V] long and [S, V] bool: the answer tag's automaton
     hit_tag: torch.Tensor   # (tarpo.engine.tag_automaton.tables)
     eos: torch.Tensor     # [n] the ids that end a row
     pad_token_id: int
-    full_mix: bool        # soft steps feed a recorded full-vocabulary mixture (HRPO "full", Soft Tokens)
-    gaussian: bool        # Soft Tokens
-    sigma: float          # Soft Tokens' noise std
-    gumbel_temperature: float  # > 0: soft steps' top-k weights are a Gumbel-softmax draw at this temperature
     generator: torch.Generator | None = None  # where a step without keys draws (None: torch's stream)
+
+    @property
+    def mixture_width(self) -> int:
+        """``d`` where a soft step records its full mixture (``Rollout.soft_inputs``), else 0."""
+        return self.backbone.embed_weight.shape[1] if self.soft_input.records_mixture else 0
 
     @classmethod
     def build(cls, spec, policy: Policy, device, generator=None) -> "DecodeContext":
         """The context of a rollout of ``policy`` under ``spec`` (the routing's needs checked), its tag tables
         and end ids on ``device``."""
-        r, soft_module = ROUTINGS[spec.routing], policy.soft_module
+        r, soft_input = ROUTINGS[spec.routing], policy.soft_input
         if r.router and policy.router is None:
             raise ValueError(f"routing={spec.routing!r} needs a router")
-        if r.soft_input != TOP_K and soft_module is None:
-            raise ValueError(f"routing={spec.routing!r} needs its soft-input module (HRPO gate / Soft Tokens noise / "
-                             "Gumbel temperature)")
-        gate = soft_module if r.gate else None
+        if getattr(soft_input, "name", None) != r.soft_input:
+            raise ValueError(f"routing={spec.routing!r} needs its soft input {r.soft_input!r} (a "
+                             f"tarpo.engine.soft_input.{r.soft_input} object), not {type(soft_input).__name__}")
         vocab = policy.backbone.lm_head.weight.shape[0]
         next_tag, hit_tag = tag_automaton.tables(policy.token_text, spec.answer_tag, vocab, device)
         eos = torch.as_tensor(list(policy.eos_token_ids), dtype=torch.long, device=device)
-        return cls(spec, policy.backbone, policy.router, gate, next_tag, hit_tag, eos, int(policy.pad_token_id),
-                   full_mix=r.full_mixture(None if gate is None else gate.mixture), gaussian=r.gaussian,
-                   sigma=float(soft_module.sigma) if r.gaussian else 0.0,
-                   gumbel_temperature=float(soft_module.temperature) if r.gumbel else 0.0, generator=generator)
+        return cls(spec, policy.backbone, policy.router, soft_input, next_tag, hit_tag, eos, int(policy.pad_token_id),
+                   generator=generator)
 
 
 class StepOut(NamedTuple):
@@ -134,17 +131,14 @@ def hybrid_step(ctx: DecodeContext, hidden, state: dict, t, keys) -> StepOut:
     is_eos = torch.isin(tokens, ctx.eos)
     decide = alive & thinking & ~is_eos & (t < spec.max_new_tokens - 1)
     soft, p_soft = _route(ctx, hidden, logits, entropy, decide, t, keys)
-    inputs, ids, weights, mixed = _next_inputs(ctx, tokens, scaled, filtered, soft, t, keys)
+    inputs, soft_records = _next_inputs(ctx, tokens, scaled, filtered, soft, t, keys)
 
     zero = torch.zeros((), dtype=torch.float32, device=entropy.device)
     records = dict(token_ids=torch.where(alive, tokens, ctx.pad_token_id), completion_mask=alive, is_soft=soft,
                    decided=decide, p_soft=p_soft, entropy=torch.where(alive, entropy, zero),
                    logp=torch.where(alive, logp_all.gather(-1, tokens[:, None]).squeeze(-1), zero))
-    if ids is not None:
-        records.update(soft_ids=torch.where(soft[:, None], ids, 0),
-                       soft_weights=torch.where(soft[:, None], weights, zero))
-    if ctx.full_mix:
-        records["soft_inputs"] = torch.where(soft[:, None], mixed, zero)
+    records.update({name: torch.where(soft[:, None], value, value.new_zeros(()))
+                    for name, value in soft_records.items()})
     state = dict(tag=tag, thinking=thinking, alive=alive & ~is_eos, ended=state["ended"] | (alive & is_eos))
     return StepOut(inputs, tokens, records, state)
 
@@ -182,24 +176,18 @@ def _route(ctx, hidden, logits, entropy, decide, t, keys):
 
 
 def _next_inputs(ctx, tokens, scaled, filtered, soft, t, keys):
-    """Every row's next input (``E(v_t)``, or the soft input where ``soft``) and what a soft step
-    records of it: top-k ids and weights, or the fp32 full mixture (the other two are None)."""
-    E, ids, weights = ctx.backbone.embed_weight, None, None
-    if ctx.gaussian:
-        d = E.shape[1]
-        noise = step_normals(keys, t, STREAM_GAUSSIAN, d) if keys is not None else _normals(soft, d, ctx.generator)
-        mixed = GaussianSoftTokens.input(scaled, E, ctx.sigma, noise)
-    elif ctx.full_mix:  # HRPO: p is the distribution v_t was drawn from
-        mixed = normalised_full_mixture(filtered, E)
-    else:
-        k = ctx.spec.soft_top_k
-        ids, weights = soft_topk(scaled, k)
-        if ctx.gumbel_temperature:  # exploration inside the soft mode: a Gumbel-softmax draw of the weights
-            u = step_uniforms(keys, t, STREAM_GUMBEL, k) if keys is not None else _uniforms(soft, k, ctx.generator)
-            weights = GumbelTopK.weights(scaled.gather(-1, ids), u, ctx.gumbel_temperature)
-        mixed = topk_mixture(E, ids, weights)
+    """Every row's next input (``E(v_t)``, or what the soft input feeds where ``soft``) and what the rollout
+    records of a soft step (:meth:`tarpo.engine.soft_input.SoftInputBase.draw`)."""
+    E = ctx.backbone.embed_weight
+
+    def noise(stream, width, normal=False):  # [B, width] draws of this step: keyed, or from the generator
+        if keys is not None:
+            return (step_normals if normal else step_uniforms)(keys, t, stream, width)
+        return _normals(soft, width, ctx.generator) if normal else _uniforms(soft, width, ctx.generator)
+
+    mixed, recorded = ctx.soft_input.draw(E, scaled, filtered, ctx.spec.soft_top_k, noise)
     e = E[tokens]
-    return torch.where(soft[:, None], soft_step_input(e, mixed, ctx.gate), e), ids, weights, mixed
+    return torch.where(soft[:, None], ctx.soft_input.feed(e, mixed), e), recorded
 
 
 def _uniforms(soft, k, generator):

@@ -41,20 +41,17 @@ def spec_for_mode(name: str, spec: RolloutSpec) -> RolloutSpec:
 def sample(system, examples: list[dict], n: int, spec: RolloutSpec, *, max_prompt_length: int, batch_size: int = 64,
            generator=None, soft_detail: int = 0) -> list[dict]:
     """``n`` samples for each example (:func:`trajectory_fields` plus question id and sample index) from
-    ``system`` (:class:`tarpo.evaluation.system.System`: model, router, gate, tokenizer, in its inference mode);
+    ``system`` (:class:`tarpo.evaluation.system.System`: model, router, soft input, tokenizer, in its inference mode);
     ``generator`` (optional) drives all sampling, else torch's global RNG. ``soft_detail`` > 0 adds each soft
     step's top mixture entries (``soft_top``)."""
-    model, router, gate, tokenizer, mode = system.model, system.router, system.gate, system.tokenizer, system.mode
-    rule = inference_mode(mode).rule
-    if rule.router and router is None:
+    model, router, tokenizer, mode = system.model, system.router, system.tokenizer, system.mode
+    if inference_mode(mode).rule.router and router is None:
         raise ValueError(f"mode {mode!r} needs a trained router")
-    if rule.gate and gate is None:
-        raise ValueError(f"mode {mode!r} needs a trained HRPO gate")
     spec = spec_for_mode(mode, spec)
     backbone = make_backbone(model)
     device = system.device
     policy = Policy(backbone, token_text_fn(tokenizer), stop_token_ids(model, tokenizer), tokenizer.pad_token_id,
-                    router, gate)
+                    router, system.soft_input)
     jobs = [(ex, i) for ex in examples for i in range(n)]
     records = []
     for start in range(0, len(jobs), batch_size):

@@ -1,5 +1,5 @@
-"""The system an inference mode evaluates: the base model, its adapter, and the trained router or
-HRPO gate the mode reads (docs/algorithm.md §3, §7). ``tarpo eval`` and ``tarpo case`` check and
+"""The system an inference mode evaluates: the base model, its adapter, and the trained router and
+soft input (HRPO's gate) the mode reads (docs/algorithm.md §3, §7). ``tarpo eval`` and ``tarpo case`` check and
 load it the same way."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..engine.soft_input import HRPO_WEIGHTS
+from ..engine.soft_input import soft_input_class
 from ..engine.router import ROUTER_WEIGHTS
-from ..models.loading import load_gate, load_trained
+from ..models.loading import load_trained
 from ..algorithms import MODES
 
 
@@ -22,8 +22,10 @@ def check_system(adapter: str | None, mode: str) -> None:
     rule = MODES[mode].rule
     if rule.router and not (adapter and os.path.isfile(os.path.join(adapter, ROUTER_WEIGHTS))):
         raise ValueError(f"--mode {mode} needs a trained router: --adapter must hold {ROUTER_WEIGHTS}")
-    if rule.gate and not (adapter and os.path.isfile(os.path.join(adapter, HRPO_WEIGHTS))):
-        raise ValueError(f"--mode {mode} needs a trained HRPO gate: --adapter must hold {HRPO_WEIGHTS}")
+    weights = soft_input_class(rule.soft_input).weights_file
+    if weights and not (adapter and os.path.isfile(os.path.join(adapter, weights))):
+        raise ValueError(f"--mode {mode} needs a trained {rule.soft_input} (its soft input): --adapter must hold "
+                         f"{weights}")
 
 
 class System(NamedTuple):
@@ -32,7 +34,7 @@ class System(NamedTuple):
 
     model: torch.nn.Module
     router: object          # the trained router, where the mode reads one (else None)
-    gate: object            # the HRPO gate, where the mode blends with one (else None)
+    soft_input: object      # what a soft step feeds (tarpo.engine.soft_input): HRPO's trained gate, the top-k mixture
     tokenizer: object
     device: torch.device
     mode: str               # the inference mode (tarpo.algorithms.MODES)
@@ -49,5 +51,5 @@ def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "a
     if router is not None and action_temperature is not None:
         router.temperature = action_temperature
     rule = MODES[mode].rule
-    gate = load_gate(adapter, device) if rule.gate else None
-    return System(model, router if rule.router else None, gate, tokenizer, device, mode)
+    soft_input = soft_input_class(rule.soft_input).load(adapter, device)
+    return System(model, router if rule.router else None, soft_input, tokenizer, device, mode)

@@ -14,7 +14,6 @@ import torch
 from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..engine.soft_input import HRPO_WEIGHTS, HrpoGate
 from ..engine.router import ROUTER_WEIGHTS, Router
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -146,10 +145,3 @@ def load_trained(base: str, adapter: str | None = None, dtype: str = "bfloat16",
         from .. import patches
         patches.apply(model)  # after the adapter: the patches read the final (PEFT) model
     return model, router, load_tokenizer(base)
-
-
-def load_gate(adapter: str | None, device=None) -> HrpoGate | None:
-    """HRPO's trained gate saved beside an adapter, or None if there is none."""
-    if adapter and os.path.exists(os.path.join(adapter, HRPO_WEIGHTS)):
-        return HrpoGate.load(adapter, device=device)
-    return None

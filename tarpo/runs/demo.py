@@ -36,9 +36,8 @@ from ..engine.rollout import RolloutSpec
 from ..evaluation.plot import plot_runs
 from ..atomic_files import publish_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from ..evaluation.sample import sample, score_records, summarize
-from ..evaluation.system import System
-from ..models.loading import load_trained
-from ..algorithms import ALGOS, MODES
+from ..evaluation.system import load_system
+from ..algorithms import ALGOS
 from ..tasks.graders import reward_function
 from ..tasks.registry import load_task, messages
 from ..tasks.synthetic import completion_text, make_split, noisy_demonstration
@@ -205,14 +204,11 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
 
 # ---------------------------------------------------------------- evaluation and report
 def evaluate_system(name: str, base: str, adapter: str | None, args) -> dict:
-    model, router, tokenizer = load_trained(base, adapter, dtype="float32")
     mode = ALGOS[name].eval_mode if name in ALGOS else "cot"
-    router = router if MODES[mode].rule.router else None  # GRPO's saved router was never trained: route hard
-    model.eval()
+    system = load_system(base, adapter, mode, dtype="float32", device="cpu")  # GRPO's untrained router left out
     examples = list(load_task("arith", split="test"))[: args.eval_questions]
     spec = RolloutSpec(max_new_tokens=args.max_new_tokens, temperature=args.temperature, routing="hard")
     torch.manual_seed(args.seed)
-    system = System(model, router, None, tokenizer, next(model.parameters()).device, mode)
     per_call = max(1, 128 // args.eval_n)  # questions a batch of at most 128 samples holds (the batches of one call)
     records = []
     with tqdm(total=len(examples) * args.eval_n, desc=f"eval {name}", mininterval=5) as bar:
@@ -280,9 +276,10 @@ def main(argv=None) -> str:
     args = parse_args(argv)
     cores = os.cpu_count() or 1
     algos = [a for a in args.algos.split(",") if a]
+    trainable = [a for a, rule in ALGOS.items() if not rule.soft.trained]
     for a in algos:
-        if a not in ALGOS or ALGOS[a].gate:
-            raise ValueError(f"--algos {a!r}: the demo trains {', '.join(x for x in ALGOS if not ALGOS[x].gate)}")
+        if a not in trainable:
+            raise ValueError(f"--algos {a!r}: the demo trains {', '.join(trainable)}")
     workers = max(1, min(args.workers or cores, cores, len(algos) + 1))
     args.threads = max(1, cores // workers)
     args.out = args.out or os.path.join("runs", time.strftime("demo-%Y%m%d-%H%M%S") + f"-seed{args.seed}")

@@ -178,6 +178,7 @@ def plan_memory(cfg: LaunchConfig, cuda: bool) -> LaunchConfig:
     from ..config import default
     from ..models.loading import resolve_backend
     from ..engine.engine_choice import engine_for
+    from ..engine.soft_input import soft_input_class
 
     per_process, requested = cfg.trainer["per_device_train_batch_size"], cfg.micro_batch
     config = mp.model_config(cfg.model, cfg.preset)
@@ -195,7 +196,7 @@ def plan_memory(cfg: LaunchConfig, cuda: bool) -> LaunchConfig:
                      completion=setting("max_completion_length"),
                      engine=engine_for(setting("rollout_engine"), True, "ENGINE"),  # the GPU's engine
                      backend=backend, soft_top_k=setting("soft_top_k"),
-                     full_mix=rule.full_mixture(setting("hrpo_mixture")), gate=rule.gate,
+                     full_mix=soft_input_class(rule.soft_input).full_mixture(setting), gate=rule.soft.trained,
                      optim_8bit="8bit" in setting("optim"), chunk=setting("logprob_chunk_size"),
                      full_kl=setting("token_kl") == "full", checkpointing=setting("gradient_checkpointing"),
                      weight_bytes=2 if setting("bf16") else 4, shards=cfg.num_processes if cfg.sharding else 1)

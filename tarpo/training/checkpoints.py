@@ -288,8 +288,9 @@ REF_ROUTER_DIR = "router_ref"
 
 
 def save_heads(directory: str, router, ref_router, gate, write: bool) -> None:
-    """The router, the frozen reference router and HRPO's gate into ``directory`` (``write``: this is the
-    process that writes). Every process calls it: under FSDP2 the router and the gate are gathered first."""
+    """The router, the frozen reference router and the soft input's trained parameters (``gate``: HRPO's) into
+    ``directory`` (``write``: this is the process that writes). Every process calls it: under FSDP2 the router and
+    the gate are gathered first."""
     from . import sharding
     router_state = sharding.whole_state_dict(router)
     gate_state = sharding.whole_state_dict(gate) if gate is not None else None
@@ -301,12 +302,12 @@ def save_heads(directory: str, router, ref_router, gate, write: bool) -> None:
 
 
 def load_heads(checkpoint: str, router, gate, device):
-    """The router and HRPO's gate of ``checkpoint`` loaded into ``router`` and ``gate`` (sharded or not);
-    returns its frozen reference router on ``device``."""
-    from ..engine.soft_input import HrpoGate
+    """The router and the soft input's trained parameters (``gate``: HRPO's) of ``checkpoint`` loaded into
+    ``router`` and ``gate`` (sharded or not); returns its frozen reference router on ``device``."""
+    from ..engine.soft_input import soft_input_class
     from ..engine.router import Router
     from . import sharding
     sharding.load_whole(router, Router.load(checkpoint).state_dict())
     if gate is not None:
-        sharding.load_whole(gate, HrpoGate.load(checkpoint).state_dict())
+        sharding.load_whole(gate, soft_input_class(gate.name).load(checkpoint).state_dict())
     return Router.load(os.path.join(checkpoint, REF_ROUTER_DIR), device=device).requires_grad_(False)

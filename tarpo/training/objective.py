@@ -129,7 +129,7 @@ class LossSettings:
         the router terms exist and whether soft steps carry the token term."""
         rule = ROUTINGS[args.routing]
         return cls(lambda_act=args.lambda_act, beta=args.beta, alpha=args.alpha_action_kl, use_router=rule.router,
-                   detach_kl_weight=args.detach_kl_weight, token_loss_on_soft=rule.token_fed_when_soft,
+                   detach_kl_weight=args.detach_kl_weight, token_loss_on_soft=rule.soft.feeds_token,
                    loss_type=args.loss_type, level=args.importance_sampling_level, clip_eps=args.epsilon,
                    clip_eps_high=args.epsilon_high, sapo_temperature_pos=args.sapo_temperature_pos,
                    sapo_temperature_neg=args.sapo_temperature_neg, max_completion_length=args.max_completion_length,

@@ -20,8 +20,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..engine.backbone import Backbone, positions_from_mask
-from ..engine.soft_input import GaussianSoftTokens, GumbelTopK, HrpoGate
 from ..engine.mixture import build_inputs_embeds
+from ..engine.soft_input import TOP_K_MIXTURE
 from .objective import k3, kl_divergence, two_class_kl
 
 
@@ -34,18 +34,20 @@ class StepScores:
     p_hard: torch.Tensor            # rho_theta(hard|h_t) (1 where no router)
     kl_tok: torch.Tensor            # k3 or full KL to pi_ref (0 if no reference)
     kl_act: torch.Tensor            # KL(rho_theta || rho_ref) (0 if no reference / router)
-    logp_soft_input: torch.Tensor | None = None  # log-density of a soft step's random input: Soft Tokens' log N(u_t;
-                                             # mean_theta, sigma^2 I), GumbelTopK's log Concrete(w_t; alpha_theta)
+    logp_soft_input: torch.Tensor | None = None  # log-density of a soft step's random input (the soft input's
+    #                                          draw_log_density): Soft Tokens' log N(u_t; mean_theta, sigma^2 I), ...
     entropy: torch.Tensor | None = None      # entropy of pi_theta(.|s_t) at T_s, no gradient (with_entropy)
 
 
-def sequence_hidden(backbone: Backbone, rollout, gate=None) -> torch.Tensor:
-    """Normed hidden states [B, T, d] that predict the T completion steps (``gate``: HRPO's)."""
+SOFT_RECORDS = ("soft_ids", "soft_weights", "soft_inputs")  # what a rollout records of its soft steps
+
+
+def sequence_hidden(backbone: Backbone, rollout, soft_input=TOP_K_MIXTURE) -> torch.Tensor:
+    """Normed hidden states [B, T, d] that predict the T completion steps (``soft_input``: the rollout's)."""
     P = rollout.prompt_ids.shape[1]
     E = backbone.embed_weight
-    soft_inputs = rollout.soft_inputs if rollout.soft_inputs.shape[-1] else None
-    completion = build_inputs_embeds(E, rollout.token_ids, rollout.soft_ids, rollout.soft_weights, rollout.is_soft,
-                                     gate=gate, soft_inputs=soft_inputs)
+    completion = build_inputs_embeds(E, rollout.token_ids, rollout.is_soft, soft_input,
+                                     {name: getattr(rollout, name) for name in SOFT_RECORDS})
     inputs = torch.cat([E[rollout.prompt_ids], completion], dim=1)
     if torch.is_grad_enabled() and not inputs.requires_grad:
         # Re-entrant gradient checkpointing (Unsloth forces it, process-wide) only backpropagates
@@ -90,28 +92,17 @@ def _chunked(fn, chunk_size, *tensors, **kwargs):
     return torch.cat(outs) if outs else tensors[0].new_zeros(0)
 
 
-def _gaussian_chunk(head, embedding, hidden, inputs, temperature, noise):
-    return noise.log_likelihood(inputs, noise.mean(head(hidden).float() / temperature, embedding))
+def soft_input_logprobs(backbone, hidden, rollout, mask, temperature, chunk_size, soft_input) -> torch.Tensor:
+    """The log-density of each masked step's recorded soft-input draw under the current policy, 0 elsewhere; [B, T]
+    fp32 (:meth:`tarpo.engine.soft_input.SoftInputBase.draw_log_density`: Soft Tokens' Gaussian, the Gumbel
+    draw's Concrete density)."""
+    names, E = soft_input.density_reads, backbone.embed_weight
 
+    def chunk(h, *recorded):
+        return soft_input.draw_log_density(backbone.logits(h).float(), E, dict(zip(names, recorded)), temperature)
 
-def gaussian_logprobs(head, embedding, hidden, inputs, mask, temperature, chunk_size, noise) -> torch.Tensor:
-    """Soft Tokens: log N(u_t; softmax(head(h)/T_s) @ E, sigma^2 I) at masked steps, 0 elsewhere."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
-    out[mask] = _chunked(lambda h, u: _gaussian_chunk(head, embedding, h, u, temperature, noise), chunk_size,
-                         hidden[mask], inputs[mask])
-    return out
-
-
-def _concrete_chunk(head, hidden, ids, weights, temperature, gumbel):
-    return gumbel.log_density(head(hidden).float().gather(-1, ids) / temperature, weights)
-
-
-def gumbel_logprobs(head, hidden, ids, weights, mask, temperature, chunk_size, gumbel) -> torch.Tensor:
-    """Gumbel exploration: log Concrete(w_t; alpha = exp(head(h)/T_s) at the recorded top-k ids) at masked
-    steps, 0 elsewhere (:class:`tarpo.engine.soft_input.GumbelTopK`)."""
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
-    out[mask] = _chunked(lambda h, i, w: _concrete_chunk(head, h, i, w, temperature, gumbel), chunk_size,
-                         hidden[mask], ids[mask], weights[mask])
+    out[mask] = _chunked(chunk, chunk_size, hidden[mask], *(getattr(rollout, name)[mask] for name in names))
     return out
 
 
@@ -158,20 +149,20 @@ class ScoreSettings:
 
 
 def score_rollout(backbone: Backbone, router, ref_router, rollout, settings: ScoreSettings,
-                  soft_module=None) -> StepScores:
+                  soft_input=TOP_K_MIXTURE) -> StepScores:
     """Policy (and reference) scores of a recorded batch under ``settings``; gradients flow to LoRA and router
     (and HRPO's gate, through the rebuilt inputs).
 
     The reference is the same backbone with its adapter disabled, fed the same inputs;
     ``ref_router`` (a frozen copy of the initial router) reads its hidden states.
-    ``soft_module``: HRPO's gate (rebuilds gated inputs), Soft Tokens' noise model or the Gumbel exploration
-    (each adds ``logp_soft_input`` at soft steps). ``settings.with_entropy``: the token distribution's entropy at
-    every step too (``top_entropy_quantile``), computed in the log-prob chunks.
+    ``soft_input``: what the rollout's soft steps fed (:mod:`tarpo.engine.soft_input`), which rebuilds them; a random
+    draw (Soft Tokens' noise, the Gumbel weights) adds its ``logp_soft_input`` at soft steps.
+    ``settings.with_entropy``: the token distribution's entropy at every step too (``top_entropy_quantile``),
+    computed in the log-prob chunks.
     """
     temperature, chunk_size, with_entropy = settings.temperature, settings.chunk_size, settings.with_entropy
-    gate = soft_module if isinstance(soft_module, HrpoGate) else None
     mask = rollout.completion_mask
-    hidden = sequence_hidden(backbone, rollout, gate)
+    hidden = sequence_hidden(backbone, rollout, soft_input)
     logp_tok = token_logprobs(backbone.logits, hidden, rollout.token_ids, mask, temperature, chunk_size,
                               with_entropy)
     logp_tok, entropy = logp_tok if with_entropy else (logp_tok, None)
@@ -182,15 +173,12 @@ def score_rollout(backbone: Backbone, router, ref_router, rollout, settings: Sco
         logp_act = act_logp.gather(-1, rollout.is_soft.long()[..., None]).squeeze(-1)
         p_hard = act_logp[..., 0].exp()
     logp_soft_input = None
-    if isinstance(soft_module, GaussianSoftTokens):
-        logp_soft_input = gaussian_logprobs(backbone.logits, backbone.embed_weight, hidden, rollout.soft_inputs,
-                                      mask & rollout.is_soft, temperature, chunk_size, soft_module)
-    if isinstance(soft_module, GumbelTopK):
-        logp_soft_input = gumbel_logprobs(backbone.logits, hidden, rollout.soft_ids, rollout.soft_weights,
-                                      mask & rollout.is_soft, temperature, chunk_size, soft_module)
+    if soft_input.kind.log_density:
+        logp_soft_input = soft_input_logprobs(backbone, hidden, rollout, mask & rollout.is_soft, temperature,
+                                              chunk_size, soft_input)
     if settings.with_reference:
         with torch.no_grad(), backbone.adapter_disabled():
-            ref_hidden = sequence_hidden(backbone, rollout, gate)
+            ref_hidden = sequence_hidden(backbone, rollout, soft_input)
             if settings.token_kl == "k3":
                 ref_logp = token_logprobs(backbone.logits, ref_hidden, rollout.token_ids, mask,
                                           temperature, chunk_size)

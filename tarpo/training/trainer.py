@@ -44,7 +44,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotat
 from ..config import TarpoConfig
 from ..engine.backbone import Backbone, unwrap
 from ..engine.engine_choice import EngineChooser, decoder_layers
-from ..engine.soft_input import GaussianSoftTokens, GumbelTopK, HrpoGate
+from ..engine.soft_input import soft_input_class
 from ..engine.precision import mixed_precision
 from ..engine.rollout import Policy, Rollout, RolloutSpec, hybrid_generate
 from ..engine.router import Router
@@ -116,12 +116,9 @@ class TarpoTrainer(GRPOTrainer):
         self.loss_settings = LossSettings.of(args)  # built once: what tarpo_loss is computed with besides the batch
         self.score_settings = ScoreSettings.of(args)  # ... and how the batch is scored
         router.requires_grad_(self.use_router)  # the baselines never train it
-        if self.rule.gate:  # initialised as HRPO's: N(0, initializer_range) weights, zero biases
-            base.tarpo_gate = HrpoGate(base.config.hidden_size, c=args.hrpo_c, seed=args.seed,
-                                       init_std=getattr(base.config, "initializer_range", 0.02),
-                                       mixture=args.hrpo_mixture).to(self.accelerator.device)
-        self.noise = (GaussianSoftTokens(base.get_input_embeddings().weight, args.soft_tokens_noise_scale)
-                      if self.rule.gaussian else GumbelTopK(args.gumbel_temperature) if self.rule.gumbel else None)
+        self._soft_input = soft_input_class(self.rule.soft_input).for_run(args, base)  # what a soft step feeds
+        if self.rule.soft.trained:  # a submodule of the policy, so that DDP / FSDP2 see its parameters
+            base.tarpo_gate = self._soft_input.to(self.accelerator.device)
         self._seed_step, self._seed_index = None, 0
         self.add_callback(StepResources(self._metrics["train"], lambda: self.model))  # timing/, memory/, hooks/
         if sharding.check_sharding(self.accelerator):  # FSDP2: accelerate shards the model when training starts
@@ -146,13 +143,14 @@ class TarpoTrainer(GRPOTrainer):
         return unwrap(self.accelerator.unwrap_model(self.model)).tarpo_router
 
     @property
-    def gate(self) -> HrpoGate | None:
+    def gate(self):
+        """The soft input's trained parameters (HRPO's gate, ``tarpo.algorithms.SoftInput.trained``), else None."""
         return getattr(unwrap(self.accelerator.unwrap_model(self.model)), "tarpo_gate", None)
 
     @property
-    def soft_module(self):
-        """What soft steps feed besides the plain mixture: HRPO's gate, Soft Tokens' noise or the Gumbel draw."""
-        return self.gate if self.gate is not None else self.noise
+    def soft_input(self):
+        """What a soft step feeds (tarpo.engine.soft_input): the routing's, built once per run."""
+        return self.gate if self.gate is not None else self._soft_input
 
     def backbone(self) -> Backbone:
         return make_backbone(self.accelerator.unwrap_model(self.model))
@@ -202,7 +200,7 @@ class TarpoTrainer(GRPOTrainer):
             backbone = make_backbone(model)
             with mixed_precision(backbone):
                 policy = Policy(backbone, self.token_text, self.eos_token_ids, self.processing_class.pad_token_id,
-                                self.router, self.soft_module)
+                                self.router, self.soft_input)
                 rollout = hybrid_generate(policy, prompt_ids, prompt_mask, spec, noise_seed=self._next_rollout_seed(),
                                           row_ids=rows)
         self._metrics[mode]["timing/rollout_s"].append(seconds := time.perf_counter() - started)
@@ -285,7 +283,7 @@ class TarpoTrainer(GRPOTrainer):
         backbone = self.backbone()
         with mixed_precision(backbone):
             scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
-                                   self.score_settings, self.soft_module)
+                                   self.score_settings, self.soft_input)
         return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
 
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):

@@ -96,15 +96,15 @@ def rollout(backbone, router, tok, ids, mask, steps):
 def keyed_rollouts(backbone, router, tok, ids, mask, steps, hidden_size, device):
     """Rollouts of the fixed batch with keyed noise (seed 3) on both engines, learned and HRPO routing:
     ``{(routing, engine): record}``; any backend, so each can be compared with the others."""
-    from tarpo.engine.soft_input import HrpoGate
+    from tarpo.engine.soft_input import TOP_K_MIXTURE, HrpoGate
     from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
     from tarpo.engine.tagging import token_text_fn
     out = {}
     for routing in ("learned", "hrpo"):
-        gate = HrpoGate(hidden_size, seed=0).to(device) if routing == "hrpo" else None
+        soft_input = HrpoGate(hidden_size, seed=0).to(device) if routing == "hrpo" else TOP_K_MIXTURE
         for engine in ("eager", "compiled"):
             spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing=routing, engine=engine)
-            policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router, gate)
+            policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router, soft_input)
             r = hybrid_generate(policy, ids, mask, spec, noise_seed=3)
             out[routing, engine] = {k: v.cpu() for k, v in vars(r).items()}
     return out
