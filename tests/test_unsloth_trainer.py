@@ -114,11 +114,14 @@ def test_a_resumed_run_continues_exactly_and_nothing_grows(runs, case, backend):
 
 def test_on_a_gpu_auto_rolls_unsloth_models_out_on_the_compiled_engine(runs):
     """``ENGINE=auto`` choosing as on a GPU, on the Unsloth backend: every rollout runs on the compiled engine
-    (over the model's own tensors), and the run trains what the eager engine's run (Unsloth's decode) trains:
-    the same loss at step 1 within 1e-5 (the same rollout, keyed noise), and at every later step."""
+    (over the model's own tensors) from one graph compiled once under Unsloth's dynamo settings (which lift the
+    recompile limit: a guard failing at every step would compile again at every step, unstopped), and the run
+    trains what the eager engine's run (Unsloth's decode) trains: the same loss at step 1 within 1e-5 (the same
+    rollout, keyed noise), and at every later step."""
     un = runs[0]
     compiled, eager = un[GPU_CHOICE]["A"], un["qwen2-tarpo"]["A"]
     assert compiled["engines"] == ["compiled"] * STEPS and set(eager["engines"]) == {"eager"}
+    assert compiled["graphs"] == 1 and eager["graphs"] == 0
     lora_a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
     # exact: the same seeded initialisation in both runs
     assert np.array_equal(compiled["initial"][lora_a], eager["initial"][lora_a])

@@ -121,7 +121,12 @@ def spread_reward(prompts, completions, **kwargs):
 
 def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = False) -> dict:
     """The launcher's run; with ``gpu_choice``, ``ENGINE=auto`` chooses as on a GPU. Records which engine
-    each rollout ran on."""
+    each rollout ran on and how many graphs dynamo compiled. The SDPA calls are recorded on the eager engine
+    only: recorded inside the compiled step, each call would be a side effect that dynamo guards on (the
+    list's length), a recompile at every step (Unsloth lifts dynamo's recompile limit, so nothing stops it)."""
+    import contextlib
+
+    import torch._dynamo.utils
     import tarpo.engine.rollout as rollout
     from sdpa_rules import recorded_sdpa
     from tarpo.engine.engine_choice import EngineChooser
@@ -139,9 +144,10 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
         EngineChooser.next = lambda self, cuda: choose(self, True)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     try:
         bound = [m for m in (sys.modules.get("unsloth.models.llama"),) if m is not None]  # its decode's own name
-        with recorded_sdpa(*bound) as attention:
+        with recorded_sdpa(*bound) if not gpu_choice else contextlib.nullcontext([]) as attention:
             status = launch.main(["gsm8k"])
     finally:
         TarpoTrainer.__init__ = original
@@ -152,6 +158,7 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
     metrics = [json.loads(line) for line in open(os.path.join(env["OUT_DIR"], env["RUN_NAME"], "metrics.jsonl"))]
     return {"initial": initial, "grads": recorder.grads, "params": recorder.params, "growth": recorder.probe.taken,
             "engines": engines, "sdpa": [tuple(c) for c in attention],
+            "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
             "loss": {m["step"]: m["loss"] for m in metrics if "loss" in m},
             "logp_drift": {m["step"]: m["logp_drift"] for m in metrics if "logp_drift" in m}}
 
