@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..algorithms import ROUTINGS
 from ..engine.backbone import Backbone, positions_from_mask
 from ..engine.mixture import build_inputs_embeds
 from ..engine.soft_input import TOP_K_MIXTURE
@@ -142,7 +143,6 @@ class ScoreSettings:
 
     @classmethod
     def of(cls, args) -> "ScoreSettings":
-        from ..algorithms import ROUTINGS
         return cls(temperature=args.temperature, chunk_size=args.logprob_chunk_size,
                    use_router=ROUTINGS[args.routing].router, with_reference=args.beta != 0.0, token_kl=args.token_kl,
                    with_entropy=args.top_entropy_quantile < 1.0)

@@ -150,7 +150,8 @@ class TarpoTrainer(GRPOTrainer):
     @property
     def soft_input(self):
         """What a soft step feeds (tarpo.engine.soft_input): the routing's, built once per run."""
-        return self.gate if self.gate is not None else self._soft_input
+        gate = self.gate
+        return gate if gate is not None else self._soft_input
 
     def backbone(self) -> Backbone:
         return make_backbone(self.accelerator.unwrap_model(self.model))
