@@ -3,7 +3,10 @@
 A batch of prompts of ``p`` tokens is prefilled into a cache of ``--cache`` positions (2,048: the MATH preset's
 1,024 + 1,024), and the compiled engine (:mod:`tarpo.engine.static_decode`) decodes ``--steps`` tokens from
 write position ``p``; every step is timed (CUDA events on a GPU, the host clock on the CPU) and the median of
-the steps after the first two (compile or warm-up, capture) is the step time at ``p``. Each position runs
+the steps after the first two (compile or warm-up, capture) is the step time at ``p``. Every rollout runs under
+the trainer's autocast (:func:`tarpo.engine.precision.mixed_precision`: with bf16 weights the LoRA products run in
+bf16 too, as in training; before 2026-11-27 this benchmark ran them in fp32, so its earlier step times, 8.4 ms on
+the H100 and 5.36 ms on the H200, time another graph). Each position runs
 with the engine's rule (``written``: attention over the written slots, rounded up to
 :data:`tarpo.engine.static_decode.ATTENTION_BUCKET`) and over the whole cache (``full``, the engine before that
 rule); positions and modes are interleaved over ``--rounds`` rounds, all in one process, on one compiled graph
@@ -35,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tarpo.architectures import ARCHITECTURES  # noqa: E402
 from tarpo.config import TarpoConfig  # noqa: E402
 from tarpo.engine import static_decode  # noqa: E402
+from tarpo.engine.precision import mixed_precision  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.engine.tagging import token_text_fn  # noqa: E402
@@ -116,7 +120,7 @@ def measure(model, tok, args, cuda: bool) -> dict:
     def rollout(p, mode="written"):
         if bucket is not None:  # None: the engine before issue 46, which always attends over the whole cache
             static_decode.ATTENTION_BUCKET = bucket if mode == "written" else 10 ** 9  # "full": all slots
-        with StepClock(cuda) as clock:
+        with StepClock(cuda) as clock, mixed_precision(policy.backbone):  # the trainer's autocast: bf16 LoRA
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()

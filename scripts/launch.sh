@@ -71,6 +71,7 @@ MAX_STEPS=${MAX_STEPS:-}           # >= 1: that many optimizer steps instead of 
 SAVE_STEPS=${SAVE_STEPS:-}         # >= 1: a checkpoint every N optimizer steps
 REPORT_TO=${REPORT_TO:-}           # where the logged metrics go besides metrics.jsonl: none | tensorboard | wandb | any
                                    # integration of transformers' (comma-separated: several)
+TIME_SCORING=${TIME_SCORING:-}     # 1: log timing/scoring_s, each training forward's seconds (synchronises the GPU)
 OPTIM=${OPTIM:-}                   # optimizer, a name of transformers' (without CUDA or bitsandbytes, see TarpoConfig.optim)
 BF16=${BF16:-}                     # 1: bfloat16 weights and compute; 0: float32
 GRAD_CHECKPOINTING=${GRAD_CHECKPOINTING:-}  # 1: recompute activations in the backward pass

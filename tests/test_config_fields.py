@@ -10,7 +10,8 @@ from transformers import TrainingArguments
 from trl import GRPOConfig
 
 from helpers import loss_of
-from tarpo.config import HONOURED, INERT, PINNED, TarpoConfig
+from tarpo.config import TarpoConfig
+from tarpo.trl_fields import HONOURED, INERT, PINNED
 from tarpo.training.objective import LossSettings, group_advantages, k3
 from tarpo.engine.rollout import RolloutSpec
 from tarpo.models.tiny import tiny_causal_lm

@@ -17,7 +17,7 @@ SHORT_FUNCTIONS = ("engine", "training")
 # The layers, lowest first: a module imports from its own layer or a lower one, never a higher one.
 LAYERS = [
     {"tarpo.config", "tarpo.algorithms", "tarpo.atomic_files", "tarpo.losses",  # settings, routing and loss tables,
-     "tarpo.architectures"},                                             # the presets' architectures: no model code
+     "tarpo.architectures", "tarpo.trl_fields"},  # the presets' architectures, TRL's inherited fields: no model code
     {"tarpo.engine", "tarpo.tasks"},                   # the rollout; data and grading
     {"tarpo.patches"},                                 # Unsloth's forward serving the engine
     {"tarpo.models"},                                  # loading a policy and its backend; tiny random models

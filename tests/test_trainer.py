@@ -247,3 +247,53 @@ def test_engine_choice_on_the_cpu_weighs_the_compile_against_the_decode_time_it_
     assert cpu.next(cuda=False) == "eager" and cpu.decision is None
     assert cpu.observed(seconds=1.0, decode_steps=100, steps_ahead=10**7)["engine"] == "compiled"
     assert cpu.next(cuda=False) == "compiled"
+
+
+def test_a_cuda_run_logs_its_memory_peaks_scoring_time_and_the_drifts_tails(tokenizer, tmp_path, monkeypatch):
+    """What a GPU run logs (tarpo.training.callbacks.StepResources), with CPU stand-ins for CUDA's memory calls: an
+    allocator whose peak the rollout raises to 3 GiB and the training forward to 5 GiB, reserved 1 GiB above. The
+    rollout's own peak is read just after the rollout (3, not the step's 5); the step's allocated and reserved peaks
+    at its end; ``time_scoring`` times each training forward between two synchronisations. Two micro-batches a
+    step: ``logp_drift_max`` logs the step's largest micro-batch maximum, ``logp_drift`` their mean."""
+    from tarpo.models.tiny import tiny_causal_lm
+    from tarpo.training import callbacks, trainer as trainer_module
+
+    peak, syncs, drift_max, drift_mean = [0.0], [], [], []
+    monkeypatch.setattr(callbacks, "cuda_in_use", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: syncs.append(1))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: peak.__setitem__(0, 0.0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: peak[0] * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a, **k: (peak[0] + 1) * 2**30)
+
+    def raising(function, gib):
+        def call(*args, **kwargs):
+            out = function(*args, **kwargs)
+            peak[0] = max(peak[0], gib)
+            return out
+        return call
+
+    def recording(*args, **kwargs):
+        loss, terms = rollout_loss(*args, **kwargs)
+        drift_max.append(terms["logp_drift_max"].item())
+        drift_mean.append(terms["logp_drift"].item())
+        return loss, terms
+    rollout_loss = trainer_module.rollout_loss
+    monkeypatch.setattr(trainer_module, "hybrid_generate", raising(trainer_module.hybrid_generate, 3.0))
+    monkeypatch.setattr(trainer_module, "score_rollout", raising(trainer_module.score_rollout, 5.0))
+    monkeypatch.setattr(trainer_module, "rollout_loss", recording)
+    args = make_args(tmp_path, max_steps=2, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                     time_scoring=True, learning_rate=0.3)  # a large step: the second step's drift is not 0
+    trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, "qwen2", seed=0), reward_funcs=letter_reward, args=args,
+                           train_dataset=make_dataset(), processing_class=tokenizer)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and len(drift_max) == 4
+    for i, log in enumerate(logs):
+        assert log["memory/rollout_peak_gib"] == 3.0 and log["memory/peak_gib"] == 5.0  # exact: the stand-ins' values
+        assert log["memory/peak_reserved_gib"] == 6.0  # exact: the stand-ins' values
+        assert log["timing/scoring_s"] > 0
+        # exact: the maximum of the logged values, each a float the log passes on unchanged
+        assert log["logp_drift_max"] == max(drift_max[2 * i:2 * i + 2])
+        assert log["logp_drift"] == pytest.approx(sum(drift_mean[2 * i:2 * i + 2]) / 2, rel=1e-6)
+        assert 0 <= log["logp_drift_p99"] <= log["logp_drift_max"] and 0 <= log["logp_drift_frac_over_0.1"] <= 1
+    assert len(syncs) == 2 * 2 + 2 * 4  # each step's two ends, each training forward's two ends: no other

@@ -20,6 +20,7 @@ gradients within 5e-3 relative (measured at most 5.1e-4).
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -28,6 +29,7 @@ import pytest
 import torch
 
 from helpers import DATA, TINY, TINY_LLAMA, needs
+from tarpo.runs import demo
 from test_unsloth_cpu import SITE
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,6 +37,7 @@ WORKER = os.path.join(HERE, "workers", "trainer_worker.py")
 COMPARED = ["qwen2-tarpo", "qwen2-hrpo", "llama-tarpo", "llama-hrpo"]  # fp32: the backends step by step
 FUSED = "llama-tarpo-bf16"  # bf16 weights, all linear layers: Unsloth's fused LoRA functions
 GPU_CHOICE = "qwen2-tarpo-gpu-choice"  # ENGINE=auto choosing as on a GPU (Unsloth only)
+LEARNING_CHECK = "warm-tarpo-learning-check"  # tarpo.runs.learning_check's run of TARPO, its first 2 steps (Unsloth)
 STEPS = 4  # run A's optimizer steps (tests/workers/trainer_worker.py STEPS): 8-bit Adam's drift from step 2 on
 
 pytestmark = [needs("gsm8k"), pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "unsloth")),
@@ -57,6 +60,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("unsloth_trainer")
     for arch, config in (("qwen2", TINY), ("llama", TINY_LLAMA)):
         random_model_dir(str(root / "models" / arch), config, torch.float32, arch=arch)
+    # the learning check's model: the demo's warm-start folder (its BPE tokenizer), one supervised step is enough
+    shutil.copytree(demo.warm_start(str(root / "cache"), sft_steps=1, seed=0, noise=0.4), root / "models" / "warm")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.path.join(HERE, "workers"),
                TARPO_COMPILE_BACKEND="aot_eager")  # the compiled case traces the step as tests/conftest.py does
     common = ["--model-root", str(root / "models"), "--data", os.path.join(DATA, "gsm8k")]
@@ -128,6 +133,21 @@ def test_on_a_gpu_auto_rolls_unsloth_models_out_on_the_compiled_engine(runs):
     assert abs(compiled["loss"][1] - eager["loss"][1]) <= 1e-5
     assert all(abs(compiled["loss"][s] - eager["loss"][s]) <= 1e-4
                for s in range(2, STEPS + 1)), (compiled["loss"], eager["loss"])
+
+
+def test_the_learning_checks_first_steps_run_on_unsloths_path_from_the_demos_warm_start(runs):
+    """The learning check (tarpo.runs.learning_check) on the GPU path's own code: Unsloth's loader on the demo's
+    warm-start folder and its BPE tokenizer, the arith preset with the check's settings (LoRA on every linear layer,
+    b0 = [2.2, 0]), Unsloth's training forward, the compiled engine chosen as on a GPU: one graph, every rollout on
+    it, its log-probs the training forward's (fp32: rounding only), every trainable tensor changed in two steps."""
+    run = runs[0][LEARNING_CHECK]["A"]
+    assert run["engines"] == ["compiled"] * 2 and run["graphs"] == 1  # exact: counts
+    assert sorted(run["loss"]) == [1, 2] and all(np.isfinite(v) for v in run["loss"].values())
+    names = [n for n in run["initial"] if n != "checkpointing"]
+    assert any("gate_proj.lora_A" in n for n in names) and any("tarpo_router" in n for n in names)
+    assert max(run["logp_drift"].values()) < 1e-3, run["logp_drift"]
+    # exact: any change at all counts as trained
+    assert all(not np.array_equal(run["params"][2][n], run["initial"][n]) for n in names)
 
 
 def test_unsloths_fused_lora_functions_train_under_the_trainer(runs):

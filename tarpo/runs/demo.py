@@ -17,6 +17,7 @@ variables. The run folder holds ``config.json``, each run's ``metrics.jsonl``,
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -44,8 +45,13 @@ from ..tasks.synthetic import completion_text, make_split, noisy_demonstration
 from ..models.tiny import bpe_tokenizer, tiny_causal_lm
 from ..training.callbacks import JsonlLogger, ProgressBar
 from ..training.trainer import TarpoTrainer
+from .presets import DATASETS, LORA_TARGET_PRESETS
 
 MODEL = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, intermediate_size=384)
+TASK = DATASETS["arith"]  # group size, completions per step, prompt and completion lengths
+# the RL runs' settings that are not flags (LoRA on every linear layer, Qwen2.5-3B's b0); the rest are flags
+RL_SETTINGS = dict(action_bias=[2.2, 0.0], lora_r=16, lora_alpha=32,
+                   lora_target_modules=LORA_TARGET_PRESETS["all-linear"])
 
 
 def _log(msg: str) -> None:
@@ -180,10 +186,9 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
     config = TarpoConfig(
         output_dir=out_dir, routing=ALGOS[algo].name, seed=args.seed, data_seed=args.seed,
         max_steps=args.steps, per_device_train_batch_size=args.batch, num_generations=args.group_size,
-        learning_rate=args.lr, router_lr=args.router_lr, action_bias=[2.2, 0.0], temperature=args.temperature,
-        max_prompt_length=256, max_completion_length=args.max_new_tokens, lora_r=16, lora_alpha=32,
-        lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        bf16=False, gradient_checkpointing=False, save_strategy="no", report_to="none",
+        learning_rate=args.lr, router_lr=args.router_lr, temperature=args.temperature, **copy.deepcopy(RL_SETTINGS),
+        max_prompt_length=TASK["max_prompt_length"], max_completion_length=args.max_new_tokens, bf16=False,
+        gradient_checkpointing=False, save_strategy="no", report_to="none",
         disable_tqdm=True, logging_steps=1, lr_scheduler_type=args.lr_schedule,
         rollout_engine=args.engine, is_correction=args.is_correction, gumbel_temperature=args.gumbel_temperature,
     )
@@ -214,7 +219,8 @@ def evaluate_system(name: str, base: str, adapter: str | None, args) -> dict:
     with tqdm(total=len(examples) * args.eval_n, desc=f"eval {name}", mininterval=5) as bar:
         for start in range(0, len(examples), per_call):
             chunk = examples[start:start + per_call]
-            records += sample(system, chunk, args.eval_n, spec, max_prompt_length=256, batch_size=128)
+            records += sample(system, chunk, args.eval_n, spec, max_prompt_length=TASK["max_prompt_length"],
+                              batch_size=128)
             bar.update(len(chunk) * args.eval_n)
     records = score_records(records, examples)
     write_jsonl_atomic(os.path.join(args.out, f"eval_{name}.jsonl"), records)
@@ -243,13 +249,13 @@ def parse_args(argv=None):
     ap.add_argument("--sft-batch", type=int, default=32, help="demonstrations per warm-start step")
     ap.add_argument("--sft-noise", type=float, default=0.4, help="chance a demonstrated step is off by one")
     ap.add_argument("--steps", type=int, default=100, help="RL steps per algorithm")
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=64, help="completions per RL step")
+    ap.add_argument("--group-size", type=int, default=TASK["num_generations"])
+    ap.add_argument("--batch", type=int, default=TASK["per_device_train_batch_size"], help="completions per RL step")
     ap.add_argument("--lr", type=float, default=1e-3, help="LoRA learning rate")
     ap.add_argument("--router-lr", type=float, default=5e-3)
     ap.add_argument("--lr-schedule", default="constant_with_warmup",
                     help="LR schedule after 10%% warm-up (paper: cosine; the short demo keeps the LR constant)")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=TASK["max_completion_length"])
     ap.add_argument("--temperature", type=float, default=default("temperature"),
                     help="sampling temperature for training and evaluation (default: TarpoConfig's, the paper's)")
     ap.add_argument("--eval-questions", type=int, default=300)

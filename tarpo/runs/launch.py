@@ -346,8 +346,8 @@ def launch_processes(cfg: LaunchConfig) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m tarpo.runs.launch {gsm8k|math|dapo}   (settings come from the environment)",
-              file=sys.stderr)
+        print("usage: python -m tarpo.runs.launch {gsm8k|math|dapo|arith}   (settings come from the environment; "
+              "arith: the CPU testbed's task, tarpo.runs.learning_check)", file=sys.stderr)
         return 2
     main_process, launched = process_rank() == 0, os.environ.get(LAUNCHED) == "1"
     try:

@@ -34,6 +34,10 @@ DATASETS = {
     "dapo": dict(task="dapo", num_generations=8, per_device_train_batch_size=64,
                  max_prompt_length=1024, max_completion_length=2048,
                  eval_tasks=["gpqa_diamond", "arc_challenge", "humaneval"]),
+    # not the paper's: the CPU testbed's synthetic arithmetic (tarpo.tasks.synthetic), the demo's sizes, which the
+    # demo reads here; the learning check trains it through the launcher (tarpo.runs.learning_check)
+    "arith": dict(task="arith", num_generations=8, per_device_train_batch_size=64,
+                  max_prompt_length=256, max_completion_length=32, eval_tasks=["arith"]),
 }
 
 # ---- docs/algorithm.md §5, per model: router bias b0 and learning rates; ``config``: the architecture as the
@@ -172,6 +176,7 @@ VARIABLES = {
     "IS_CORRECTION": ("is_correction", str),
     "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
     "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str), "REPORT_TO": ("report_to", _integrations),
+    "TIME_SCORING": ("time_scoring", _bool),
 }
 # launcher settings (not TarpoConfig fields)
 SETTINGS = {

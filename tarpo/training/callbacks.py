@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -74,34 +75,68 @@ def forward_hook_count(model) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
+def cuda_in_use() -> bool:
+    """Whether this process has started CUDA (the only case where there is device memory to read)."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 class StepResources(TrainerCallback):
-    """Adds to each optimizer step's log what the step cost: ``timing/step_s`` (wall seconds of the step,
-    rollout and every micro-batch's forward/backward included, checkpoint saving not),
-    ``memory/peak_gib`` (CUDA only: the peak of ``torch.cuda.max_memory_allocated`` during the step, set
-    back at its start; compare with the run's memory plan in launch_config.json) and
-    ``hooks/forward`` (:func:`forward_hook_count` at the step's end). The trainer's rollout adds
-    ``timing/rollout_s``; the training part of a step is ``timing/step_s`` less its rollouts.
+    """Adds to each optimizer step's log what the step cost:
+
+    - ``timing/step_s``: wall seconds of the step, rollout and every micro-batch's forward/backward included,
+      checkpoint saving not (the trainer's rollout adds ``timing/rollout_s``; the training part of a step is
+      ``timing/step_s`` less its rollouts; ``TarpoConfig.time_scoring`` adds ``timing/scoring_s``, :meth:`timed`);
+    - on CUDA, ``memory/peak_gib`` and ``memory/peak_reserved_gib``: the peaks of
+      ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` during the step (set back at its start; the
+      reserved peak is what the allocator held, fragmentation included: what ``nvidia-smi`` sees, less the CUDA
+      context), and ``memory/rollout_peak_gib``: the allocated peak read just after the step's rollout
+      (:meth:`rollout_ended`), which comes first in a step, so it is the rollout's own peak (compare each with
+      the run's memory plan in launch_config.json, docs/memory-plan.md);
+    - ``hooks/forward``: :func:`forward_hook_count` at the step's end.
 
     It writes into the trainer's metrics of the step (``metrics``: TRL's ``_metrics["train"]``, averaged
-    into the step's log record), so every logger (metrics.jsonl, REPORT_TO) sees the same numbers."""
+    into the step's log record), so every logger (metrics.jsonl, REPORT_TO) sees the same numbers. Reading the
+    allocator's peaks costs no synchronisation; the step's time synchronises once at each end of the step."""
 
     def __init__(self, metrics, model_fn):
         self.metrics, self.model_fn, self.started = metrics, model_fn, None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if cuda_in_use():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         self.started = time.perf_counter()
 
+    def rollout_ended(self, metrics) -> None:
+        """Called by the trainer just after a rollout: ``memory/rollout_peak_gib`` (CUDA only)."""
+        if cuda_in_use():
+            metrics["memory/rollout_peak_gib"].append(torch.cuda.max_memory_allocated() / 2**30)
+
+    @contextlib.contextmanager
+    def timed(self, metrics, key: str, on: bool):
+        """With ``on``, the seconds of the block appended to ``metrics[key]``, the device synchronised at both
+        ends (so the time is the block's work, not its launch): opt-in, since each synchronisation stalls the
+        host's queue of kernels. Off, nothing is added."""
+        if not on:
+            yield
+            return
+        if cuda_in_use():
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        yield
+        if cuda_in_use():
+            torch.cuda.synchronize()
+        metrics[key].append(time.perf_counter() - started)
+
     def on_step_end(self, args, state, control, **kwargs):
         if self.started is None:
             return
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        cuda = cuda_in_use()
         if cuda:
             torch.cuda.synchronize()
         self.metrics["timing/step_s"].append(time.perf_counter() - self.started)
         if cuda:
             self.metrics["memory/peak_gib"].append(torch.cuda.max_memory_allocated() / 2**30)
+            self.metrics["memory/peak_reserved_gib"].append(torch.cuda.max_memory_reserved() / 2**30)
         self.metrics["hooks/forward"].append(float(forward_hook_count(self.model_fn())))
         self.started = None

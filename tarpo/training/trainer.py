@@ -120,7 +120,8 @@ class TarpoTrainer(GRPOTrainer):
         if self.rule.soft.trained:  # a submodule of the policy, so that DDP / FSDP2 see its parameters
             base.tarpo_gate = self._soft_input.to(self.accelerator.device)
         self._seed_step, self._seed_index = None, 0
-        self.add_callback(StepResources(self._metrics["train"], lambda: self.model))  # timing/, memory/, hooks/
+        self._resources = StepResources(self._metrics["train"], lambda: self.model)  # timing/, memory/, hooks/
+        self.add_callback(self._resources)
         if sharding.check_sharding(self.accelerator):  # FSDP2: accelerate shards the model when training starts
             sharding.prepare(self.accelerator, [p for p in peft_model.parameters() if p.requires_grad])
         check_overrides(self, TarpoTrainer)
@@ -205,6 +206,7 @@ class TarpoTrainer(GRPOTrainer):
                 rollout = hybrid_generate(policy, prompt_ids, prompt_mask, spec, noise_seed=self._next_rollout_seed(),
                                           row_ids=rows)
         self._metrics[mode]["timing/rollout_s"].append(seconds := time.perf_counter() - started)
+        self._resources.rollout_ended(self._metrics[mode])  # memory/rollout_peak_gib
         self._engine_decided(seconds, rollout.token_ids.shape[1])
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
@@ -282,10 +284,22 @@ class TarpoTrainer(GRPOTrainer):
         precision is entered here."""
         sharding.gather_direct_reads(self.accelerator.unwrap_model(model))  # FSDP2: embedding and head whole
         backbone = self.backbone()
-        with mixed_precision(backbone):
+        mode = "train" if self.model.training else "eval"
+        with mixed_precision(backbone), self._resources.timed(self._metrics[mode], "timing/scoring_s",
+                                                              self.args.time_scoring):
             scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
                                    self.score_settings, self.soft_input)
         return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's, except that a metric named ``*_max`` (``*_min``) logs the largest (smallest) value of the logged
+        steps' micro-batches, where TRL's averages every metric over them (``logp_drift_max`` is the step's)."""
+        for metrics in self._metrics.values():
+            for name, values in metrics.items():
+                finite = [v for v in values if v == v]  # NaN left out, as TRL's average leaves it out
+                if finite and name.endswith(("_max", "_min")):
+                    metrics[name] = [max(finite) if name.endswith("_max") else min(finite)]
+        super().log(logs, start_time)
 
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
     # a kill or a full disk during a save never leaves a checkpoint-N that a re-run would pick.

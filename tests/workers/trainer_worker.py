@@ -12,6 +12,9 @@ memory plan's micro-batch, ``training_policy``, ``TarpoTrainer``, checkpoints), 
 - **run B**: a new run folder holding a copy of run A's ``checkpoint-2``; the launcher resumes from it and
   is stopped after step 3 (the same 4-step schedule), recorded the same way.
 
+The learning check's case (``python -m tarpo.runs.launch arith`` with :mod:`tarpo.runs.learning_check`'s variables
+on the demo's warm start, ``<root>/warm``) runs 2 steps of 16 completions, run A only.
+
 Every run also records its SDPA calls (tests/sdpa_rules.py); on Unsloth, its choice between ``enable_gqa`` and
 expanded K/V is made as on an H100 (:func:`unsloth_cpu.probe_sdpa_as_on_an_h100`).
 
@@ -38,6 +41,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # this checkout's tarpo; tests/ (checkout, growth)
 from checkout import use_checkout_patches  # noqa: E402
 
+LEARNING_CHECK = "warm-tarpo-learning-check"
 # case -> (architecture, ALGO, launcher variables of its own). The fp32 cases compare the backends step by step;
 # the bf16 one runs what only 16-bit weights get on Unsloth: its fused LoRA q/k/v, o and SwiGLU MLP functions
 # (Llama: Unsloth fuses q/k/v only without q/k/v biases, so never for Qwen2).
@@ -45,8 +49,11 @@ CASES = {"qwen2-tarpo": ("qwen2", "tarpo", {}), "qwen2-hrpo": ("qwen2", "hrpo", 
          "llama-tarpo": ("llama", "tarpo", {}), "llama-hrpo": ("llama", "hrpo", {}),
          "llama-tarpo-bf16": ("llama", "tarpo", {"BF16": "1", "LORA_TARGETS": "all-linear"}),
          # ENGINE=auto as on a GPU (the engine choice told CUDA is there): the compiled engine, no resume
-         "qwen2-tarpo-gpu-choice": ("qwen2", "tarpo", {})}
-GPU_CHOICE = {"qwen2-tarpo-gpu-choice"}
+         "qwen2-tarpo-gpu-choice": ("qwen2", "tarpo", {}),
+         # the learning check's first steps (tarpo.runs.learning_check): the demo's warm start (its BPE tokenizer) on
+         # the arith preset with the check's variables, ENGINE=auto as on a GPU, no resume
+         LEARNING_CHECK: ("warm", "tarpo", {})}
+GPU_CHOICE = {"qwen2-tarpo-gpu-choice", LEARNING_CHECK}
 STEPS, RESUME_AT, STOP_AT = 4, 2, 3
 
 
@@ -119,7 +126,16 @@ def spread_reward(prompts, completions, **kwargs):
     return [float(sum(map(ord, t)) % 7) for t in texts]
 
 
-def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = False) -> dict:
+def learning_check_env(model: str, run_dir: str, backend: str) -> dict:
+    """The learning check's launcher variables for its run of TARPO (tarpo.runs.learning_check), cut to 2 steps of
+    16 completions for the test's time."""
+    from tarpo.runs import demo
+    from tarpo.runs.learning_check import launcher_variables
+    env = launcher_variables(demo.parse_args(["--steps", "2"]), model, os.path.dirname(run_dir), "tarpo")
+    return {**env, "RUN_NAME": os.path.basename(run_dir), "BACKEND": backend, "BATCH": "16", "CPU_MAX_HOURS": "1"}
+
+
+def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = False, dataset: str = "gsm8k") -> dict:
     """The launcher's run; with ``gpu_choice``, ``ENGINE=auto`` chooses as on a GPU. Records which engine
     each rollout ran on and how many graphs dynamo compiled. The SDPA calls are recorded on the eager engine
     only: recorded inside the compiled step, each call would be a side effect that dynamo guards on (the
@@ -148,7 +164,7 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
     try:
         bound = [m for m in (sys.modules.get("unsloth.models.llama"),) if m is not None]  # its decode's own name
         with recorded_sdpa(*bound) if not gpu_choice else contextlib.nullcontext([]) as attention:
-            status = launch.main(["gsm8k"])
+            status = launch.main([dataset])
     finally:
         TarpoTrainer.__init__ = original
         rollout.compiled_generate, rollout._decode, EngineChooser.next = compiled, eager, choose
@@ -160,6 +176,7 @@ def run(env: dict, recorder: Recorder, init: dict | None, gpu_choice: bool = Fal
             "engines": engines, "sdpa": [tuple(c) for c in attention],
             "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
             "loss": {m["step"]: m["loss"] for m in metrics if "loss" in m},
+            "reward": {m["step"]: m["reward"] for m in metrics if "reward" in m},
             "logp_drift": {m["step"]: m["logp_drift"] for m in metrics if "logp_drift" in m}}
 
 
@@ -191,9 +208,12 @@ def main(argv=None) -> int:
         model = os.path.join(args.model_root, arch)
         init = None if reference is None or key not in reference else reference[key]["A"]["initial"]
         env = {**launcher_env(model, args.data, os.path.join(root, "a"), algo, args.backend), **extra}
+        if key == LEARNING_CHECK:
+            env = learning_check_env(model, os.path.join(root, "a"), args.backend)
         if args.unsloth_on_cpu:
             unsloth_cpu.FUSED_CALLS.update(dict.fromkeys(unsloth_cpu.FUSED, 0))
-        out[key] = {"A": run(env, Recorder(), init, gpu_choice=key in GPU_CHOICE)}
+        out[key] = {"A": run(env, Recorder(), init, gpu_choice=key in GPU_CHOICE,
+                             dataset="arith" if key == LEARNING_CHECK else "gsm8k")}
         if key not in GPU_CHOICE:  # run B: resumed from run A's checkpoint-2
             os.makedirs(os.path.join(root, "b"))
             shutil.copytree(os.path.join(root, "a", f"checkpoint-{RESUME_AT}"),

@@ -1,0 +1,257 @@
+"""The learning check: does this machine's default training path learn? Two minutes on a GPU before a long run.
+
+GRPO and TARPO are trained side by side (one process each) from the CPU demo's warm-started model on its
+synthetic arithmetic, with the demo's hyper-parameters (:mod:`tarpo.runs.demo`), through the launchers' own
+code path: ``python -m tarpo.runs.launch arith`` (the ``arith`` data-set preset of :mod:`tarpo.runs.presets`)
+with the launcher's defaults for everything the demo does not set. On CUDA that is Unsloth (where installed), the
+compiled rollout engine with CUDA graphs, bf16, the paged 8-bit AdamW and gradient checkpointing; on a CPU what
+``auto`` picks there. Then, per algorithm, the reward curve and its rise (:func:`summarize`).
+
+    python -m tarpo.runs.learning_check                       # the warm start from runs/cache (made if missing)
+    python -m tarpo.runs.learning_check --warm DIR --out runs/learning-check --steps 100
+    BACKEND=hf ENGINE=eager python -m tarpo.runs.learning_check   # any launcher variable still applies
+
+Each run's folder (``<out>/<algo>``) holds what a launcher run leaves (``metrics.jsonl``,
+``launch_config.json`` with the memory plan, the adapter); its output is in ``<out>/<algo>.log``. The summary
+goes to ``<out>/learning.json`` and is the last line printed, as one JSON object. Exit status 0 when every
+algorithm learns (its rise is over twice its standard error), 1 when one does not, 2 when a run failed or a
+setting is bad. Killed (SIGTERM, SIGINT), it stops its runs and summarises the steps they logged.
+
+Why a data-set preset and not a flag of the demo: the launcher's path is the thing checked (its presets,
+memory plan, backend and engine choice, optimizer, checkpoints), so the check is a launcher run like any other,
+and ``bash run_*.sh`` users read its ``metrics.jsonl`` as they read their own (docs/gpu-path.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+from ..atomic_files import write_json_atomic
+from .presets import variable_of
+
+ALGOS = ("grpo", "tarpo")
+FIRST, LAST = 0.1, 0.2  # the shares of the steps whose mean reward is ``first`` and ``last``
+
+
+def launcher_variables(demo_args, warm: str, out: str, algo: str) -> dict[str, str]:
+    """The launcher variables of one run: the demo's RL settings (its flags and ``demo.RL_SETTINGS``) where they
+    differ from the ``arith`` preset, which holds the demo's sizes. Everything else is the launcher's default.
+
+    >>> from tarpo.runs import demo
+    >>> v = launcher_variables(demo.parse_args([]), "/w", "/o", "tarpo")
+    >>> v["LR"], v["ROUTER_LR"], v["ACTION_BIAS"], v["LORA_R"], v["MAX_STEPS"], v["RUN_NAME"]
+    ('0.001', '0.005', '2.2,0.0', '16', '100', 'tarpo')
+    """
+    from . import demo
+
+    fields = {"learning_rate": demo_args.lr, "router_lr": demo_args.router_lr,
+              "lr_scheduler_type": demo_args.lr_schedule, "temperature": demo_args.temperature,
+              "num_generations": demo_args.group_size, "per_device_train_batch_size": demo_args.batch,
+              "max_completion_length": demo_args.max_new_tokens, "max_steps": demo_args.steps,
+              "seed": demo_args.seed, **demo.RL_SETTINGS}
+    out_vars = {variable_of(name): ",".join(map(str, v)) if isinstance(v, list) else f"{v:g}"
+                if isinstance(v, float) else str(v) for name, v in fields.items()}
+    return {**out_vars, "MODEL": warm, "ALGO": algo, "OUT_DIR": out, "RUN_NAME": algo, "EVAL": "0"}
+
+
+def fitted_rise(values: list[float]) -> tuple[float, float | None]:
+    """The least-squares line through ``values`` (one per step): its rise from the first step to the last (slope
+    times ``len - 1``), and that rise's standard error (None under 3 values).
+
+    Worked example: steps x = 0..3 and rewards y = 0, 0.2, 0.1, 0.3 give the slope
+    sum((x - 1.5)(y - 0.15)) / sum((x - 1.5)^2) = 0.4 / 5 = 0.08, so a rise of 3 x 0.08 = 0.24; the residuals
+    -0.03, 0.09, -0.09, 0.03 give the slope's standard error sqrt(0.018 / 2 / 5) = 0.0424, the rise's 0.127.
+
+    >>> rise, se = fitted_rise([0.0, 0.2, 0.1, 0.3])
+    >>> round(rise, 4), round(se, 4)
+    (0.24, 0.1273)
+    """
+    n = len(values)
+    if n < 2:
+        return 0.0, None
+    mx, my = (n - 1) / 2, sum(values) / n
+    sxx = sum((x - mx) ** 2 for x in range(n))
+    slope = sum((x - mx) * (y - my) for x, y in enumerate(values)) / sxx
+    if n < 3:
+        return slope * (n - 1), None
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in enumerate(values))
+    return slope * (n - 1), math.sqrt(residual / (n - 2) / sxx) * (n - 1)
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def summarize(run_dir: str) -> dict:
+    """A run's learning figures from its ``metrics.jsonl`` (the steps logged so far; ``None`` where a figure
+    needs more). ``curve``: the mean reward of each step; ``first`` / ``last``: the mean of the first 10% / the
+    last 20% of the steps (steps 1-10 and 81-100 of 100); ``rise`` and ``rise_se``: :func:`fitted_rise` of the
+    curve; ``learns``: ``rise`` over twice ``rise_se``. ``step_s``: the median step time after the first (which
+    compiles); the soft ratio, the log-prob drift's mean and tails, and on CUDA the memory peaks."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    rows = []
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line being written
+                    continue
+                if isinstance(row, dict) and "reward" in row:
+                    rows.append(row)
+    curve = [r["reward"] for r in rows]
+    n = len(curve)
+    rise, se = fitted_rise(curve) if n else (None, None)
+
+    def column(key):
+        return [r[key] for r in rows if r.get(key) is not None]
+
+    def peak(key):
+        return max(column(key), default=None)
+    times = column("timing/step_s")
+    return {"steps": n, "curve": [round(c, 4) for c in curve],
+            "first": _mean(curve[:max(1, round(FIRST * n))]) if n else None,
+            "last": _mean(curve[-max(1, round(LAST * n)):]) if n else None,
+            "rise": rise, "rise_se": se, "learns": None if se is None else rise > 2 * se,
+            "step_s": statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None),
+            "first_step_s": times[0] if times else None, "rollout_s": _mean(column("timing/rollout_s")[1:]),
+            "soft_ratio": _mean(column("soft_ratio")), "logp_drift": _mean(column("logp_drift")),
+            "logp_drift_p99": _mean(column("logp_drift_p99")), "logp_drift_max": peak("logp_drift_max"),
+            "logp_drift_frac_over_0.1": _mean(column("logp_drift_frac_over_0.1")),
+            "peak_gib": peak("memory/peak_gib"), "reserved_gib": peak("memory/peak_reserved_gib"),
+            "rollout_peak_gib": peak("memory/rollout_peak_gib")}
+
+
+def run_side_by_side(envs: dict[str, dict], out: str, deadline: float | None) -> dict[str, int | None]:
+    """Start ``python -m tarpo.runs.launch arith`` once per entry of ``envs`` (algo -> its variables), each with
+    its share of the cores, and wait for all; stop them at ``deadline`` (``time.time()``) or when this process is
+    sent SIGTERM/SIGINT. Returns each run's exit status (None: stopped)."""
+    threads = str(max(1, (os.cpu_count() or 1) // len(envs)))
+    procs = {}
+    for algo, variables in envs.items():
+        log = open(os.path.join(out, f"{algo}.log"), "w")
+        procs[algo] = subprocess.Popen([sys.executable, "-m", "tarpo.runs.launch", "arith"], stdout=log,
+                                       stderr=subprocess.STDOUT,
+                                       env={**os.environ, "OMP_NUM_THREADS": threads, **variables})
+    stopped = []
+
+    def stop(signum=None, _frame=None):
+        stopped.append(signum)
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while any(p.poll() is None for p in procs.values()):
+            if deadline is not None and time.time() > deadline and not stopped:
+                print(f"learning check: --max-seconds reached, stopping {', '.join(procs)}", flush=True)
+                stop()
+            time.sleep(0.5)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return {algo: None if stopped else p.returncode for algo, p in procs.items()}
+
+
+def run_in_process(envs: dict[str, dict]) -> dict[str, int]:
+    """The runs one after another in this process (``--processes 1``: tests, a one-core machine)."""
+    from . import launch
+
+    status = {}
+    for algo, variables in envs.items():
+        saved = {k: os.environ.get(k) for k in variables}
+        os.environ.update(variables)
+        try:
+            status[algo] = launch.main(["arith"])
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return status
+
+
+def report(results: dict[str, dict]) -> str:
+    """A table of the runs' figures, then each reward curve as the means of tenths of the run."""
+    def f(v, digits=3):
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    def g(v):
+        return "-" if v is None else f"{v:.2g}"
+    lines = ["| algo | steps | first | last | rise (± 2 se) | learns | step s | soft ratio | drift mean / p99 / max |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for algo, s in results.items():
+        band = "" if s["rise_se"] is None else f" ± {2 * s['rise_se']:.3f}"
+        lines.append(f"| {algo} | {s['steps']} | {f(s['first'])} | {f(s['last'])} | {f(s['rise'])}{band} | "
+                     f"{s['learns']} | {f(s['step_s'], 2)} | {f(s['soft_ratio'])} | {g(s['logp_drift'])} / "
+                     f"{g(s['logp_drift_p99'])} / {g(s['logp_drift_max'])} |")
+    for algo, s in results.items():
+        curve, size = s["curve"], max(1, len(s["curve"]) // 10)
+        tenths = [sum(curve[i:i + size]) / len(curve[i:i + size]) for i in range(0, len(curve), size)]
+        lines.append(f"{algo} reward, mean of each {size} steps: " + " ".join(f"{v:.3f}" for v in tenths))
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--warm", help="the warm-started model folder (default: the demo's, made in --cache-dir if "
+                                   "missing: about 3 minutes on a 2-core CPU)")
+    ap.add_argument("--cache-dir", default=os.path.join("runs", "cache"))
+    ap.add_argument("--out", default=None, help="default runs/learning-check-<time>")
+    ap.add_argument("--algos", default=",".join(ALGOS))
+    ap.add_argument("--steps", type=int, default=None, help="RL steps of each run (default: the demo's)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--processes", type=int, default=0,
+                    help="0: one process per algorithm, side by side; 1: one after another in this process")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop the runs after this long and summarise what they logged")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from . import demo
+
+    args = parse_args(argv)
+    algos = [a for a in args.algos.split(",") if a]
+    demo_args = demo.parse_args(["--seed", str(args.seed), *(["--steps", str(args.steps)] if args.steps else [])])
+    if not algos or any(a not in ALGOS for a in algos):
+        print(f"learning check: --algos {args.algos!r}: choose from {', '.join(ALGOS)}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(args.out or os.path.join("runs", time.strftime("learning-check-%Y%m%d-%H%M%S")))
+    warm = args.warm
+    if warm is not None and not os.path.isfile(os.path.join(warm, "config.json")):
+        print(f"learning check: --warm {warm}: no config.json there (a folder demo.warm_start wrote)", file=sys.stderr)
+        return 2
+    if any(os.path.exists(os.path.join(out, a)) for a in algos):
+        print(f"learning check: --out {out}: holds runs already; choose a new folder", file=sys.stderr)
+        return 2
+    started = time.time()
+    if warm is None:
+        warm = demo.warm_start(args.cache_dir, demo_args.sft_steps, demo_args.warm_seed, demo_args.sft_noise,
+                               batch_size=demo_args.sft_batch)
+    os.makedirs(out, exist_ok=True)
+    envs = {a: launcher_variables(demo_args, os.path.abspath(warm), out, a) for a in algos}
+    print(f"learning check: {', '.join(algos)} for {demo_args.steps} steps from {warm} into {out}", flush=True)
+    if args.processes == 1:
+        status = run_in_process(envs)
+    else:
+        status = run_side_by_side(envs, out, None if args.max_seconds is None else started + args.max_seconds)
+    results = {a: {**summarize(os.path.join(out, a)), "exit": status[a]} for a in algos}
+    summary = {"learning": results, "warm": os.path.abspath(warm), "seconds": round(time.time() - started, 1)}
+    write_json_atomic(os.path.join(out, "learning.json"), summary)
+    print(report(results))
+    print(json.dumps(summary), flush=True)
+    if any(s not in (0, None) for s in status.values()):
+        return 2
+    return 0 if all(r["learns"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
