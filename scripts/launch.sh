@@ -69,6 +69,9 @@ LR_SCHEDULE=${LR_SCHEDULE:-}
 EPOCHS=${EPOCHS:-}
 MAX_STEPS=${MAX_STEPS:-}           # >= 1: that many optimizer steps instead of EPOCHS (empty: EPOCHS)
 SAVE_STEPS=${SAVE_STEPS:-}         # >= 1: a checkpoint every N optimizer steps
+SAVE_ON_SIGNALS=${SAVE_ON_SIGNALS:-}  # signals that stop the run after the step in flight with a checkpoint, exit
+                                   # status 75 (TERM,USR1; none: off); a re-run resumes from it
+MAX_NONFINITE_STEPS=${MAX_NONFINITE_STEPS:-}  # a step with a NaN/inf loss or gradient is skipped; this many in a row stop
 REPORT_TO=${REPORT_TO:-}           # where the logged metrics go besides metrics.jsonl: none | tensorboard | wandb | any
                                    # integration of transformers' (comma-separated: several)
 TIME_SCORING=${TIME_SCORING:-}     # 1: log timing/scoring_s, each training forward's seconds (synchronises the GPU)

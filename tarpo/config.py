@@ -7,6 +7,7 @@ for Qwen2.5-1.5B/7B on MATH; the launchers override them per model and data set.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import MISSING, dataclass, field
 
 import torch
@@ -36,6 +37,22 @@ def sampling_problem(settings) -> tuple[str, str] | None:
              **{name: (lambda v: v > 0, "must be > 0") for name in ("action_temperature", "entropy_temperature")}}
     return next(((name, why) for name, (valid, why) in rules.items()
                  if hasattr(settings, name) and not valid(getattr(settings, name))), None)
+
+
+def signal_numbers(names) -> list[int]:
+    """Signals by name (``SIGTERM`` or ``TERM``, any case) as numbers; an unknown name raises ``ValueError``.
+
+    >>> [int(s) for s in signal_numbers(["TERM", "sigusr1"])] == [signal.SIGTERM, signal.SIGUSR1]
+    True
+    """
+    out = []
+    for name in names:
+        full = name.strip().upper()
+        full = full if full.startswith("SIG") else "SIG" + full
+        if full in ("SIGKILL", "SIGSTOP") or not isinstance(getattr(signal, full, None), signal.Signals):
+            raise ValueError(f"{name!r} is not a signal a process can catch (e.g. SIGTERM, SIGUSR1)")
+        out.append(getattr(signal, full))
+    return out
 
 
 def resolve_optimizer(name: str) -> str:
@@ -80,6 +97,17 @@ class TarpoConfig(GRPOConfig):
                 "without CUDA the non-paged adamw_bnb_8bit (bitsandbytes steps CPU tensors); without a working "
                 "bitsandbytes plain adamw_torch with the same hyper-parameters."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N optimizer steps (every step by default)."})
+    logging_nan_inf_filter: bool = field(default=False, metadata={
+        "help": "transformers' filter that logs a NaN or inf loss as the average of the others; off, so that the loss "
+                "of a step skipped for a non-finite value is logged as it was (max_nonfinite_steps)."})
+    max_nonfinite_steps: int = field(default=3, metadata={
+        "help": "A step whose loss or gradient norm is not finite is skipped (no parameter, optimizer state or LR "
+                "schedule changes; counted as nonfinite_steps); this many in a row stop the run, naming the last "
+                "complete checkpoint (tarpo.training.nonfinite)."})
+    save_on_signals: list[str] = field(default_factory=list, metadata={
+        "help": "Signals (e.g. SIGTERM, SIGUSR1) that stop training after the step in flight with a complete "
+                "checkpoint, as a scheduler's preemption asks (tarpo.training.preemption). Empty (TRL's behaviour): "
+                "none; the launchers set SIGTERM and SIGUSR1."})
     time_scoring: bool = field(default=False, metadata={
         "help": "Log timing/scoring_s: the seconds of a micro-batch's training forward (policy and reference scored, "
                 "before the backward), averaged over the step's micro-batches, the device synchronised around it. Off "
@@ -271,6 +299,12 @@ class TarpoConfig(GRPOConfig):
         if ROUTINGS[self.routing].soft.log_density and self.off_policy:
             bad("num_iterations" if self.num_iterations > 1 else "steps_per_generation",
                 f"routing {self.routing!r} scores its soft inputs' draw on-policy only (one optimizer step a batch)")
+        if self.max_nonfinite_steps < 1:
+            bad("max_nonfinite_steps", "must be >= 1")
+        try:
+            signal_numbers(self.save_on_signals)
+        except ValueError as exc:
+            bad("save_on_signals", str(exc))
         if self.gumbel_temperature <= 0:
             bad("gumbel_temperature", "must be > 0")
         if self.hrpo_mixture not in HRPO_MIXTURES:

@@ -43,6 +43,8 @@ def runs(tmp_path_factory):
     for point in POINTS:
         steps += [{"run": point, "kill": point}, {"run": point}]
     steps += [{"run": "enospc", "enospc": "adapter"}, {"run": "enospc"}]
+    six = {"MAX_STEPS": "6", "SAVE_STEPS": "100"}  # a preemption: SIGTERM after step 3, no checkpoint due before 100
+    steps += [{"run": "ref6", "env": six}, {"run": "sigterm", "env": six, "signal": 4}, {"run": "sigterm", "env": six}]
     env = {**ENV, "MODEL": str(root / "tiny"), "DATA_PATH": str(root / "train.jsonl"), "OUT_DIR": str(root / "runs")}
     (root / "plan.json").write_text(json.dumps({"env": env, "steps": steps}))
     clean = {k: v for k, v in os.environ.items() if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN")}
@@ -297,3 +299,23 @@ def test_trainer_resumes_from_the_newest_complete_checkpoint_and_trains_nothing_
     assert not (run / "checkpoint-4").exists()
     with pytest.raises(ValueError, match="checkpoint-3.*incomplete.*optimizer.pt"):
         trainer(4).train(resume_from_checkpoint=str(run / "checkpoint-3"))
+
+
+def test_a_run_sent_sigterm_saves_the_step_in_flight_and_its_rerun_ends_like_an_uninterrupted_one(runs):
+    """SIGTERM after the third optimizer step of a 6-step run saving every 100 steps (and a second SIGTERM while
+    the checkpoint is written): step 4 finishes, checkpoint-4 is written whole, the run says so in one line and
+    exits 75; the same command resumes from it and ends with the adapter and routers of the uninterrupted run, bit
+    for bit. Before tarpo.training.preemption the run died at the signal with nothing saved: 3 steps lost."""
+    by_run, out = runs
+    (ref,) = by_run["ref6"]
+    stopped, again = by_run["sigterm"]
+    assert ref["status"] == "exit 0" and train_steps(out / "ref6") == [1, 2, 3, 4, 5, 6], ref["output"][-3000:]
+    assert stopped["status"] == "exit 75", stopped["output"][-3000:]
+    line = (f"tarpo launch: stopped by SIGTERM after step 4: {out / 'sigterm' / 'checkpoint-4'} is complete; run the "
+            "same command again to resume from it (exit status 75)")
+    assert line in stopped["output"].splitlines(), stopped["output"][-3000:]
+    assert "checkpoint-4/checkpoint_manifest.json" in stopped["tree"] and "preempted.json" in stopped["tree"]
+    assert not any(k.startswith(("adapter", ".checkpoint")) for k in stopped["tree"]), sorted(stopped["tree"])
+    assert again["status"] == "exit 0" and "resuming from" in again["output"], again["output"][-3000:]
+    assert "preempted.json" not in again["tree"] and train_steps(out / "sigterm") == [1, 2, 3, 4, 5, 6]
+    assert_same_result(out / "ref6", out / "sigterm")

@@ -149,19 +149,28 @@ def test_the_launcher_starts_a_run_over_two_machines_of_one_process(uninterrupte
     assert json.loads(open(os.path.join(run, "launch_config.json")).read())["num_machines"] == 2
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["ddp", "fsdp2-compiled"])
+@pytest.mark.parametrize("sharded", [False, True], ids=["ddp-preempted", "fsdp2-compiled"])
 def test_a_killed_two_process_run_resumes_and_ends_where_an_uninterrupted_one_ends(tmp_path, tiny_model,
                                                                                    uninterrupted, sharded):
-    """The launcher with 2 processes on one machine (3 steps, a checkpoint each step) killed once checkpoint-2 is
-    published, then run again, against the uninterrupted run over 2 machines: under DDP it ends there to 1e-6
-    (the same all-reduced steps; on the CPU the Trainer once loaded the optimizer with map_location="cpu:0" and
-    failed: tarpo.training.checkpoints.load_optimizer_on_cpu). The sharded run is FSDP2 on the compiled engine
-    (the rollout over the gathered parameters) and ends within RESUMED_TOLERANCE of it."""
+    """The launcher with 2 processes on one machine (3 steps), stopped and run again, against the uninterrupted run
+    over 2 machines. DDP: the launcher is sent SIGTERM as step 2 begins (SAVE_STEPS=100, a preemption), passes it to
+    both training processes, which finish step 2, save checkpoint-2 together and stop; it says so in one line and
+    exits 75 (tarpo.training.preemption); the re-run ends there to 1e-6 (the same all-reduced steps; on the CPU the
+    Trainer once loaded the optimizer with map_location="cpu:0" and failed:
+    tarpo.training.checkpoints.load_optimizer_on_cpu). FSDP2, on the compiled engine (the rollout over the gathered
+    parameters): SIGKILLed once checkpoint-2 is published (a checkpoint each step), it ends within
+    RESUMED_TOLERANCE."""
     extra = {"MODEL": tiny_model,
              **({"ACCELERATE_CONFIG": os.path.join(ROOT, "configs", "fsdp2.yaml"), "ENGINE": "compiled"}
-                if sharded else {})}
-    status, out = finished(launcher(tmp_path / "killed", TARPO_TEST_KILL_AFTER="2", **extra))
+                if sharded else {"SAVE_STEPS": "100"})}
+    stop = {"TARPO_TEST_KILL_AFTER": "2"} if sharded else {"TARPO_TEST_SIGNAL_AT": "2"}
+    status, out = finished(launcher(tmp_path / "killed", **stop, **extra))
     assert status != 0 and not glob.glob(str(tmp_path / "killed" / "*" / "adapter")), out[-3000:]
+    if not sharded:
+        (run,) = glob.glob(str(tmp_path / "killed" / "*"))
+        assert status == 75 and f"stopped by SIGTERM after step 2: {run}/checkpoint-2 is complete" in out, out[-3000:]
+        assert os.path.isfile(os.path.join(run, "checkpoint-2", "checkpoint_manifest.json"))
+        assert not glob.glob(os.path.join(run, "checkpoint-1")) and not glob.glob(os.path.join(run, "checkpoint-3"))
     status, out = finished(launcher(tmp_path / "killed", **extra))
     assert status == 0 and "resuming from" in out and "checkpoint-2" in out, out[-3000:]
     a, b = adapter(os.path.dirname(uninterrupted[0])), adapter(tmp_path / "killed")

@@ -321,7 +321,7 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     ran = []
-    monkeypatch.setattr(launcher, "run_command", lambda cmd, env: ran.append((cmd, env)) or 0)
+    monkeypatch.setattr(launcher, "run_command", lambda cmd, env, stops=(): ran.append((cmd, env)) or 0)
     monkeypatch.setattr(launcher, "train", lambda cfg, args, ident: pytest.fail("the launching process trained"))
     assert launcher.main(["gsm8k"]) == 0
     (train_cmd, train_env), (eval_cmd, eval_env) = ran

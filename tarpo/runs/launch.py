@@ -10,12 +10,15 @@ The launcher's shell variables (and the environment) override the presets of
    a run longer than ``CPU_MAX_HOURS`` (:mod:`tarpo.runs.cpu_estimate`);
 3. train with :class:`tarpo.training.trainer.TarpoTrainer` into the run folder (``launch_config.json``,
    ``metrics.jsonl``, checkpoints, ``adapter/`` with the router), resuming from the newest
-   complete checkpoint there if any (:mod:`tarpo.training.checkpoints`); a finished run is a no-op;
+   complete checkpoint there if any (:mod:`tarpo.training.checkpoints`); a finished run is a no-op; a signal of
+   ``SAVE_ON_SIGNALS`` (a scheduler's preemption) stops it after the step in flight with a checkpoint, one line
+   and exit status 75 (:mod:`tarpo.training.preemption`), and a run of non-finite steps stops it with one line
+   (:mod:`tarpo.training.nonfinite`);
 4. with ``EVAL=1``, evaluate the trained system on the data set's benchmarks with
    ``tarpo eval`` into ``<run>/eval``.
 
 With ``NUM_PROCESSES`` > 1 or an ``ACCELERATE_CONFIG``, this process checks the configuration, then
-starts steps 3 and 4 each through ``accelerate launch`` (:func:`accelerate_prefix`) and waits for
+starts steps 3 and 4 each through ``accelerate launch`` (:mod:`tarpo.runs.processes`) and waits for
 them: training runs ``-m tarpo.runs.launch <dataset>`` in every process (the main one, rank 0, alone
 writes and prints), the evaluation ``-m tarpo.cli eval`` once training has ended. One process (the
 default) trains and evaluates in this process.
@@ -27,8 +30,6 @@ import json
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
 
 from dataclasses import replace
@@ -38,64 +39,9 @@ from ..algorithms import ROUTINGS
 from . import run_identity
 from .launch_config import LaunchConfig
 from .presets import resolve, variable_of
+from .processes import (LAUNCHED, accelerate_prefix, check_processes, process_rank, run_command,
+                        training_command)
 
-LAUNCHED = "TARPO_LAUNCHED"  # "1" in the processes that accelerate launch starts for a launcher run
-
-
-def process_rank() -> int:
-    """This process's rank among the processes of the run (RANK, else LOCAL_RANK, as ``accelerate
-    launch`` sets them); 0 when it runs alone. Rank 0 is the main process."""
-    return int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
-
-
-def accelerate_prefix(cfg: LaunchConfig) -> list[str] | None:
-    """The ``accelerate launch`` command line, up to the module it runs, that starts the run's
-    processes; None for one plain process (NUM_PROCESSES=1 and no ACCELERATE_CONFIG).
-
-    >>> accelerate_prefix(resolve("math", {"NUM_PROCESSES": "2"}))[1:]
-    ['-m', 'accelerate.commands.launch', '--num_processes', '2', '--multi_gpu']
-    >>> accelerate_prefix(resolve("math", {})) is None
-    True
-    >>> two = resolve("math", {"NUM_PROCESSES": "16", "NUM_MACHINES": "2", "MACHINE_RANK": "1",
-    ...                        "MAIN_PROCESS_IP": "10.0.0.1", "MAIN_PROCESS_PORT": "29500"})
-    >>> " ".join(accelerate_prefix(two)[5:])
-    '--multi_gpu --num_machines 2 --machine_rank 1 --main_process_ip 10.0.0.1 --main_process_port 29500'
-    """
-    n, config = cfg.num_processes, cfg.accelerate_config
-    if n == 1 and config is None:
-        return None
-    nodes = []  # NUM_MACHINES, MACHINE_RANK, MAIN_PROCESS_IP, MAIN_PROCESS_PORT (tarpo.runs.presets.machines)
-    if cfg.num_machines > 1 and cfg.main_process_ip:  # else the config file's own
-        nodes = ["--num_machines", str(cfg.num_machines), "--machine_rank", str(cfg.machine_rank),
-                 "--main_process_ip", cfg.main_process_ip]
-    if cfg.main_process_port is not None:
-        nodes += ["--main_process_port", str(cfg.main_process_port)]
-    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
-            *(["--config_file", config] if config else ["--multi_gpu"]), *nodes]
-
-
-def training_command(cfg: LaunchConfig) -> list[str] | None:
-    """The command that trains with several processes (None: this process trains)."""
-    prefix = accelerate_prefix(cfg)
-    return None if prefix is None else [*prefix, "-m", "tarpo.runs.launch", cfg.dataset]
-
-
-def check_processes(cfg: LaunchConfig, devices: int, cpu: bool) -> None:
-    """Several processes need a CUDA device each (``devices``: this machine's count), or ``cpu``
-    (ACCELERATE_USE_CPU=true), which runs them on the CPU talking over gloo (tests, CI)."""
-    total, machines = cfg.num_processes, cfg.num_machines
-    n = total // machines  # this machine's processes
-    if total == 1 or cpu:
-        return
-    if devices == 0:
-        raise ValueError(f"NUM_PROCESSES={total}: no CUDA device on this machine to run {n} processes on. Set "
-                         "NUM_PROCESSES=1, or ACCELERATE_USE_CPU=true to run the processes on the CPU "
-                         "(gloo; for tests, with a tiny local MODEL)")
-    if n > devices:
-        each = f" (NUM_PROCESSES={total} over NUM_MACHINES={machines})" if machines > 1 else ""
-        raise ValueError(f"NUM_PROCESSES={total}: {n} processes on this machine{each}, which has {devices} CUDA "
-                         "device(s) (one process per device; see CUDA_VISIBLE_DEVICES); use at most that many, or "
-                         "more machines (NUM_MACHINES, docs/several-gpus.md)")
 
 
 def cpu_run_estimate(cfg: LaunchConfig, model, tokenizer, dataset) -> float:
@@ -235,8 +181,10 @@ def train(cfg: LaunchConfig, args, ident: dict) -> str:
     Every process of a run calls this; the main one alone writes the configuration,
     clears interrupted saves and prints."""
     from ..training.callbacks import JsonlLogger
-    from ..training.checkpoints import (DiskFull, finished_step, last_complete_checkpoint, remove_partial_saves,
-                                        save_final)
+    from ..training import preemption
+    from ..training.checkpoints import (DiskFull, NonFiniteTensors, finished_step, last_complete_checkpoint,
+                                        remove_partial_saves, save_final)
+    from ..training.nonfinite import NonFiniteTraining
     from ..tasks.graders import reward_function
     from ..models.loading import load_tokenizer, training_policy
     from ..tasks.prompts import count_too_long
@@ -275,6 +223,7 @@ def train(cfg: LaunchConfig, args, ident: dict) -> str:
                            processing_class=tokenizer,
                            callbacks=[JsonlLogger(os.path.join(run_dir, "metrics.jsonl"))])
     if main:
+        preemption.clear_stop(run_dir)
         for name in remove_partial_saves(run_dir):
             print(f"removed {name}: a save that a kill or a full disk interrupted")
     trainer.accelerator.wait_for_everyone()  # the others look for checkpoints once those are gone
@@ -284,8 +233,13 @@ def train(cfg: LaunchConfig, args, ident: dict) -> str:
         print(f"resuming from {last}")
     try:
         trainer.train(resume_from_checkpoint=last)  # from a checkpoint at the last step: trains nothing
+        stop = trainer.stop_signal
+        if stop is not None and stop.stopped_at is not None and trainer.state.global_step < trainer.state.max_steps:
+            if main:  # stopped by a signal before the end, checkpoint-<step> saved (tarpo.training.preemption)
+                preemption.record_stop(run_dir, stop.received, stop.stopped_at)
+            return None
         save_final(trainer, adapter)  # adapter/ appears complete, with final_state.json
-    except DiskFull as exc:
+    except (DiskFull, NonFiniteTraining, NonFiniteTensors) as exc:
         raise SystemExit(f"tarpo launch: error: {exc}") from None
     return adapter
 
@@ -316,28 +270,20 @@ def evaluation_command(cfg: LaunchConfig, adapter: str) -> list[str]:
     return [*accelerate_prefix(cfg), "-m", "tarpo.cli", *evaluation_args(cfg, adapter)]
 
 
-def run_command(cmd: list[str], env: dict[str, str]) -> int:
-    """Run ``cmd`` and return its exit status (128 + N when signal N ended it). SIGINT, SIGTERM and SIGHUP
-    sent to this process are passed on, so that stopping the launcher (a scheduler's kill) stops the
-    processes it started."""
-    print(f"tarpo launch: running {shlex.join(cmd)}", flush=True)
-    proc = subprocess.Popen(cmd, env=env)
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, lambda sig, _frame: proc.send_signal(sig)) for sig in sigs}
-    try:
-        status = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 128 - status if status < 0 else status
-
-
 def launch_processes(cfg: LaunchConfig) -> int:
     """Train through ``accelerate launch`` and wait for every process; then, with EVAL=1, evaluate
     through the same prefix, once the training processes have ended and freed their devices."""
+    from ..config import signal_numbers
+    from ..training import preemption
+
     # every process trains in the micro-batch planned here
     env = {**os.environ, LAUNCHED: "1", "MICRO_BATCH": str(cfg.memory_plan["micro_batch"])}
-    status = run_command(training_command(cfg), env)
+    preemption.clear_stop(cfg.run_dir)
+    status = run_command(training_command(cfg), env, signal_numbers(cfg.trainer.get("save_on_signals", ())))
+    stopped = preemption.stop_line(cfg.run_dir)
+    if stopped is not None:  # the processes stopped at a signal, with a checkpoint
+        print(stopped, flush=True)
+        return preemption.EXIT_PREEMPTED
     if status != 0 or not cfg.eval:
         return status
     return run_command(evaluation_command(cfg, os.path.join(cfg.run_dir, "adapter")), dict(os.environ))
@@ -385,6 +331,12 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"tarpo launch: error: {exc}", file=sys.stderr)
         return 2
+    if adapter is None:  # stopped by a signal, with a checkpoint: the process that started this run says so
+        from ..training import preemption
+        if launched:
+            return 0
+        print(preemption.stop_line(cfg.run_dir), flush=True)
+        return preemption.EXIT_PREEMPTED
     if not main_process:
         return 0
     print(f"adapter and router saved to {adapter}")

@@ -22,6 +22,7 @@ from ..atomic_files import check_writable_folder
 from ..algorithms import ALGOS, MODES
 from ..models.quantized import check_not_quantized
 from .launch_config import LaunchConfig
+from .processes import accelerate_settings, machines
 from .paths import check_model_folder
 
 # ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
@@ -76,7 +77,8 @@ COMMON_FIELDS = ("learning_rate", "router_lr", "action_bias", "num_train_epochs"
                  # the loss variants and the mismatch correction (docs/algorithm.md §8): the paper's by default
                  "loss_type", "scale_rewards", "importance_sampling_level", "mask_truncated_completions", "epsilon",
                  "epsilon_high", "is_correction", "is_clip_min", "is_clip_max", "top_entropy_quantile")
-LAUNCHER_SETTINGS = dict(bf16=True, seed=0, save_steps=100)
+# and a preemption's signals stop a launcher run with a checkpoint (tarpo.training.preemption)
+LAUNCHER_SETTINGS = dict(bf16=True, seed=0, save_steps=100, save_on_signals=["SIGTERM", "SIGUSR1"])
 
 
 def common(algo: str) -> dict:
@@ -141,6 +143,15 @@ def _integrations(s):
     return names[0] if len(names) == 1 else names
 
 
+def _signals(s):
+    """Signal names, or ``none``.
+
+    >>> _signals("TERM,USR1"), _signals("none")
+    (['TERM', 'USR1'], [])
+    """
+    return [] if s.strip().lower() == "none" else _names(s)
+
+
 def _bool(s):
     if s.lower() in ("1", "true", "yes"):
         return True
@@ -176,7 +187,8 @@ VARIABLES = {
     "IS_CORRECTION": ("is_correction", str),
     "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
     "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str), "REPORT_TO": ("report_to", _integrations),
-    "TIME_SCORING": ("time_scoring", _bool),
+    "TIME_SCORING": ("time_scoring", _bool), "SAVE_ON_SIGNALS": ("save_on_signals", _signals),
+    "MAX_NONFINITE_STEPS": ("max_nonfinite_steps", int),
 }
 # launcher settings (not TarpoConfig fields)
 SETTINGS = {
@@ -243,59 +255,6 @@ def variable_of(field: str) -> str | None:
     ('LR', None)
     """
     return next((name for name, (f, _) in VARIABLES.items() if f == field), None)
-
-
-def accelerate_settings(path: str) -> tuple[int, int, str | None]:
-    """``(num_processes, num_machines, sharding)`` of an accelerate config file: its process and machine
-    counts (1 where it leaves them open) and ``"fsdp2"`` when it shards the parameters with FSDP2 (None: data
-    parallel). A file that
-    accelerate cannot read, FSDP1 and DeepSpeed ZeRO-3 raise ``ValueError`` naming ACCELERATE_CONFIG."""
-    if not os.path.isfile(path):
-        raise ValueError(f"ACCELERATE_CONFIG={path}: no such file")
-    from accelerate.commands.config.config_args import load_config_from_file
-    try:
-        config = load_config_from_file(path)
-    except Exception as exc:  # YAML/JSON syntax, unknown keys, a bad value: whatever accelerate would fail on
-        raise ValueError(f"ACCELERATE_CONFIG={path}: not an accelerate config file ({exc})") from None
-    n = getattr(config, "num_processes", 1)
-    kind = str(getattr(config, "distributed_type", "")).rsplit(".", 1)[-1]
-    sharding = None
-    if kind == "FSDP":
-        if int((getattr(config, "fsdp_config", None) or {}).get("fsdp_version", 1)) != 2:
-            raise ValueError(f"ACCELERATE_CONFIG={path}: FSDP version 1; TARPO shards with FSDP2: set "
-                             "fsdp_config.fsdp_version: 2 (configs/fsdp2.yaml, docs/several-gpus.md)")
-        sharding = "fsdp2"
-    if kind == "DEEPSPEED" and int((getattr(config, "deepspeed_config", None) or {}).get("zero_stage", 0)) == 3:
-        raise ValueError(f"ACCELERATE_CONFIG={path}: DeepSpeed ZeRO-3; TARPO shards with FSDP2 "
-                         "(configs/fsdp2.yaml, docs/several-gpus.md)")
-    m = getattr(config, "num_machines", 1)
-    return (n if isinstance(n, int) and n >= 1 else 1), (m if isinstance(m, int) and m >= 1 else 1), sharding
-
-
-def machines(s: dict, processes: int, configured: int = 1) -> dict:
-    """The multi-node settings ``accelerate launch`` gets (NUM_MACHINES, MACHINE_RANK, MAIN_PROCESS_IP,
-    MAIN_PROCESS_PORT), checked: NUM_PROCESSES counts the processes of every machine together. ``configured``:
-    the ACCELERATE_CONFIG's num_machines, used where NUM_MACHINES is not set.
-
-    >>> machines({"NUM_MACHINES": 2, "MACHINE_RANK": 1, "MAIN_PROCESS_IP": "10.0.0.1"}, 16)["machine_rank"]
-    1
-    """
-    n = s.get("NUM_MACHINES", configured)
-    rank, ip, port = s.get("MACHINE_RANK", 0), s.get("MAIN_PROCESS_IP"), s.get("MAIN_PROCESS_PORT")
-    if n < 1:
-        raise ValueError(f"NUM_MACHINES={n}: must be >= 1")
-    if not 0 <= rank < n:
-        raise ValueError(f"MACHINE_RANK={rank}: must be 0 .. NUM_MACHINES-1 = {n - 1} (0 on the main machine)")
-    if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"MAIN_PROCESS_PORT={port}: must be a port number, 1 .. 65535")
-    if n > 1 and "NUM_MACHINES" in s:  # a config file's machines are its own business
-        if not ip:
-            raise ValueError(f"NUM_MACHINES={n}: set MAIN_PROCESS_IP to the address of the machine with "
-                             "MACHINE_RANK=0")
-        if processes % n:
-            raise ValueError(f"NUM_PROCESSES={processes}: the processes of all {n} machines together "
-                             f"(NUM_MACHINES={n}), so a multiple of NUM_MACHINES")
-    return {"num_machines": n, "machine_rank": rank, "main_process_ip": ip, "main_process_port": port}
 
 
 def _parse(name, parser, raw):

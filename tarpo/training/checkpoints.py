@@ -133,6 +133,27 @@ def staged_save(trainer, staging: str, what: str, parent: str):
         raise
 
 
+class NonFiniteTensors(RuntimeError):
+    """A save refused: a trained tensor holds NaN or inf."""
+
+
+def refuse_nonfinite(model, what: str) -> None:
+    """Raise :class:`NonFiniteTensors` naming ``what`` and the tensors when a trained tensor of ``model`` (LoRA, the
+    router, the soft input's) holds NaN or inf: no checkpoint or adapter is written with one. One host read per
+    save (tarpo.training.nonfinite keeps such values out of the parameters in the first place)."""
+    import torch
+
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not trained:
+        return
+    finite = torch.stack([torch.isfinite(getattr(p, "_local_tensor", p).detach()).all() for _, p in trained])
+    if bool(finite.all()):
+        return
+    bad = [n for (n, _), ok in zip(trained, finite.tolist()) if not ok]
+    raise NonFiniteTensors(f"refusing to save {what}: {len(bad)} trained tensor(s) hold NaN or inf "
+                           f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+
+
 def save_final(trainer, folder: str) -> str:
     """Save the trainer's adapter and router into ``folder`` (the run's ``adapter/``) atomically, with
     :data:`FINAL_STATE`; a full disk raises :class:`DiskFull` and leaves ``folder`` as it was."""

@@ -2,29 +2,27 @@
 
 What is TRL's and kept: the repeat sampler (G consecutive copies of each prompt), the reward plumbing
 (``reward_funcs(prompts=, completions=, completion_ids=, **columns)``), buffering of a generation batch over
-gradient-accumulation steps, logging, PEFT set-up, checkpointing and resuming.
-
-What is overridden, and why:
+gradient-accumulation steps, logging, PEFT set-up, checkpointing and resuming. What is overridden, and why:
 
 - ``_generate_and_score_completions``: decodes with :func:`tarpo.engine.rollout.hybrid_generate` (per-step hard/soft
   inputs) and returns the whole rollout record, which survives TRL's shuffle/split of the generation batch because
   every field is batch-first; advantages are computed here, over whole groups, by :func:`group_advantages`.
-- ``_compute_loss``: rebuilds the inputs, scores policy and reference
-  (:func:`tarpo.training.scoring.score_rollout`) and applies :func:`tarpo.training.objective.tarpo_loss`.
+- ``_compute_loss``: rebuilds the inputs, scores policy and reference (:func:`tarpo.training.scoring.score_rollout`)
+  and applies :func:`tarpo.training.objective.tarpo_loss`; ``_get_grad_norm`` skips a non-finite step
+  (:mod:`tarpo.training.nonfinite`); ``log`` takes the step's maximum of ``*_max`` metrics.
 - ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router (``router_lr``) and HRPO's gate
-  (``hrpo_lr``; ``hrpo_lambda_lr`` for its Λ) (the optimizer itself is ``args.optim``, see ``TarpoConfig.optim``);
-  under an 8-bit optimizer the router and the gate keep fp32 state (:mod:`tarpo.training.optimizer`).
-- ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the
-  frozen reference router, and HRPO's gate) are saved beside the adapter and restored; a
-  checkpoint is written whole into a temporary folder and renamed into place, and a full disk
-  raises :class:`tarpo.training.checkpoints.DiskFull` (:mod:`tarpo.training.checkpoints`).
+  (``hrpo_lr``; ``hrpo_lambda_lr`` for its Λ); under an 8-bit optimizer the router and the gate keep fp32 state
+  (:mod:`tarpo.training.optimizer`).
+- ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the frozen reference router,
+  and HRPO's gate) are saved beside the adapter and restored; a checkpoint is written whole into a temporary folder
+  and renamed into place, a full disk raises ``DiskFull``, a non-finite tensor is refused
+  (:mod:`tarpo.training.checkpoints`); ``save_on_signals`` stop a run with a checkpoint
+  (:mod:`tarpo.training.preemption`).
 - ``train``: ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint; resuming
   from one at the last step loads it and trains nothing (the Trainer would train one more step).
 
-The router (and the gate) are registered as submodules of the PEFT model's base model, so
-the Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones.
-The router is trainable only under a rule that routes with it (``learned``, :mod:`tarpo.algorithms`); the baselines of
-docs/algorithm.md §3 (``hard``, ``soft``, ``entropy``, ``hrpo``, ``soft_tokens``) are routings of the same trainer.
+The router (and the gate) are submodules of the PEFT model's base model, so the Trainer zeroes, clips and (under
+DDP) synchronises their gradients with the LoRA ones; the router trains only under a routing that uses it.
 """
 
 from __future__ import annotations
@@ -59,7 +57,9 @@ from . import checkpoints, sharding
 from .callbacks import StepResources
 from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
+from .nonfinite import NonFiniteGuard
 from .objective import LossSettings, group_advantages, loss_mask, rollout_loss
+from .preemption import SaveOnSignal
 from .optimizer import keep_fp32_state, parameter_groups
 from .scoring import StepScores, ScoreSettings, score_rollout
 
@@ -122,6 +122,10 @@ class TarpoTrainer(GRPOTrainer):
         self._seed_step, self._seed_index = None, 0
         self._resources = StepResources(self._metrics["train"], lambda: self.model)  # timing/, memory/, hooks/
         self.add_callback(self._resources)
+        self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps)  # a non-finite step is skipped, counted
+        self.stop_signal = SaveOnSignal(args.save_on_signals) if args.save_on_signals else None
+        if self.stop_signal is not None:  # a preemption: the step in flight finished, a checkpoint, then stop
+            self.add_callback(self.stop_signal)
         if sharding.check_sharding(self.accelerator):  # FSDP2: accelerate shards the model when training starts
             sharding.prepare(self.accelerator, [p for p in peft_model.parameters() if p.requires_grad])
         check_overrides(self, TarpoTrainer)
@@ -272,6 +276,7 @@ class TarpoTrainer(GRPOTrainer):
         loss, terms = rollout_loss(self.loss_settings, scores, rollout, inputs["advantages"], inputs["num_units"][0],
                                    gather=lambda values: all_values(self.accelerator, values))
         mode = "train" if self.model.training else "eval"
+        self.nonfinite.observe_loss(loss)
         for name, value in terms.items():  # a minimum and a maximum over the processes, else the mean
             value = self.accelerator.gather(value[None])
             value = value.min() if name.endswith("_min") else value.max() if name.endswith("_max") else value.mean()
@@ -291,14 +296,25 @@ class TarpoTrainer(GRPOTrainer):
                                    self.score_settings, self.soft_input)
         return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
 
+    def _get_grad_norm(self, model, grad_norm=None):
+        """The Trainer's, then the non-finite check of the step (tarpo.training.nonfinite): a step whose loss or
+        gradient norm is not finite changes no parameter, optimizer state or learning rate."""
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        full = getattr(grad_norm, "full_tensor", None)  # FSDP2: the norm as a DTensor
+        self.nonfinite.step_is_finite(full() if full is not None else grad_norm, self)
+        return grad_norm
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's, except that a metric named ``*_max`` (``*_min``) logs the largest (smallest) value of the logged
-        steps' micro-batches, where TRL's averages every metric over them (``logp_drift_max`` is the step's)."""
+        """TRL's, except that a metric named ``*_max`` (``*_min``, and the run's count ``nonfinite_steps``) logs
+        the largest (smallest) value of the logged steps' micro-batches, where TRL's averages every metric over them
+        (``logp_drift_max`` is the step's)."""
         for metrics in self._metrics.values():
             for name, values in metrics.items():
                 finite = [v for v in values if v == v]  # NaN left out, as TRL's average leaves it out
-                if finite and name.endswith(("_max", "_min")):
-                    metrics[name] = [max(finite) if name.endswith("_max") else min(finite)]
+                if finite and (name.endswith(("_max", "_min")) or name == "nonfinite_steps"):
+                    metrics[name] = [min(finite) if name.endswith("_min") else max(finite)]
+        if getattr(self, "_tr_loss", None) is not None:  # a skipped step's NaN, logged, leaves the sum (no sync)
+            torch.nan_to_num_(self._tr_loss, nan=0.0, posinf=0.0, neginf=0.0)
         super().log(logs, start_time)
 
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
@@ -315,6 +331,7 @@ class TarpoTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         run_dir = super()._get_output_dir(trial=trial)
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        checkpoints.refuse_nonfinite(self.model, name)
         staging = checkpoints.staging_folder(run_dir, name)
         staged = os.path.join(staging, name)
         with checkpoints.staged_save(self, staging, name, run_dir) as main:
@@ -342,6 +359,7 @@ class TarpoTrainer(GRPOTrainer):
         self.accelerator.wait_for_everyone()
 
     def save_model(self, output_dir=None, _internal_call=False):
+        checkpoints.refuse_nonfinite(self.model, output_dir or self.args.output_dir)
         if self.is_fsdp_enabled:  # FSDP2: the adapter gathered whole and written as PEFT's (one process loads it)
             adapter = sharding.whole_state_dict(self.accelerator.unwrap_model(self.model), lambda n: "lora_" in n)
             if self.args.should_save:

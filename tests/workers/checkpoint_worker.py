@@ -4,9 +4,10 @@ SIGKILLed (or hit a full disk) at a chosen point of the save sequence (tests/tes
     python tests/workers/checkpoint_worker.py plan.json result.json
 
 ``plan.json``: ``{"env": {launcher variables}, "steps": [{"run": RUN_NAME, "kill": POINT or null,
-"enospc": POINT or null}, ...]}``. The steps run one after the other, each in a child forked from
-this process (which imports torch, transformers, TRL and tarpo once and never computes, so the
-children start in a second instead of a process start each). A child SIGKILLs itself
+"enospc": POINT or null, "signal": STEP or null, "env": {variables of this run}}, ...]}`` (``signal``: SIGTERM when
+that optimizer step begins and again when its checkpoint is saved, :func:`signal_at`). The steps run one after
+the other, each in a child forked from this process (which imports torch, transformers, TRL and tarpo once and
+never computes, so the children start in a second instead of a process start each). A child SIGKILLs itself
 (``os.kill(os.getpid(), SIGKILL)``: no ``finally``, no ``atexit``, nothing flushed) when the save
 reaches its point. ``result.json``: per step its ``status`` ("exit N" or "signal N"), the tail of
 its output and ``tree``, the sha256 of every file then in its run folder.
@@ -57,6 +58,25 @@ TORCH_DISK_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 64
 
 def _die():
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def signal_at(step: int) -> None:
+    """Send this process SIGTERM when optimizer step ``step`` begins (after step ``step - 1``), as a scheduler's
+    preemption does, and again at the start of the checkpoint save it leads to (a second signal during the save)."""
+    from transformers.trainer_callback import CallbackHandler
+
+    from tarpo.training.trainer import TarpoTrainer
+    begin, save = CallbackHandler.on_step_begin, TarpoTrainer._save_checkpoint
+
+    def on_step_begin(self, args, state, control):
+        if state.global_step == step - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return begin(self, args, state, control)
+
+    def signalled_save(self, model, trial):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return save(self, model, trial)
+    CallbackHandler.on_step_begin, TarpoTrainer._save_checkpoint = on_step_begin, signalled_save
 
 
 def install(kill: str | None, enospc: str | None) -> None:
@@ -160,9 +180,11 @@ def run_child(env: dict, step: dict, log: str) -> str:
             os.dup2(fd, 2)
             sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
             sys.stderr = sys.stdout
-            os.environ.update(env)
+            os.environ.update({**env, **step.get("env", {})})
             os.environ["RUN_NAME"] = step["run"]
             install(step.get("kill"), step.get("enospc"))
+            if step.get("signal"):
+                signal_at(step["signal"])
             from tarpo.runs.launch import main
             code = main(["gsm8k"])
         except SystemExit as exc:

@@ -34,7 +34,8 @@ def install() -> None:
 def install_run_doubles() -> None:
     """For launcher runs in tests/test_fsdp.py, from the environment: ``TARPO_TEST_REWARD=vowels`` trains on the
     share of vowels (a tiny random model earns no GSM8K reward, and zero advantages would train nothing), and
-    ``TARPO_TEST_KILL_AFTER=N`` SIGKILLs rank 0 once checkpoint-N is published (no ``finally``, nothing flushed)."""
+    ``TARPO_TEST_KILL_AFTER=N`` SIGKILLs rank 0 once checkpoint-N is published (no ``finally``, nothing flushed);
+    ``TARPO_TEST_SIGNAL_AT=N`` sends the launcher SIGTERM when step N begins (a preemption)."""
     import os
     import signal
 
@@ -45,6 +46,19 @@ def install_run_doubles() -> None:
             texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
             return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
         graders.reward_function = lambda task, *a, **k: vowels
+    signal_at = os.environ.get("TARPO_TEST_SIGNAL_AT")
+    if signal_at:  # rank 0 sends SIGTERM to the launcher that started the run when step N begins, as a scheduler would
+        from transformers.trainer_callback import CallbackHandler
+
+        begin = CallbackHandler.on_step_begin
+
+        def on_step_begin(self, args, state, control):
+            if state.global_step == int(signal_at) - 1 and state.is_world_process_zero:
+                with open(f"/proc/{os.getppid()}/stat") as f:  # this process <- accelerate launch <- the launcher
+                    launcher = int(f.read().rsplit(")", 1)[1].split()[1])
+                os.kill(launcher, signal.SIGTERM)
+            return begin(self, args, state, control)
+        CallbackHandler.on_step_begin = on_step_begin
     kill = os.environ.get("TARPO_TEST_KILL_AFTER")
     if kill:
         from tarpo.training.trainer import TarpoTrainer

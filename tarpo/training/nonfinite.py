@@ -1,0 +1,78 @@
+"""A non-finite step never reaches the parameters (docs/design-notes.md, "Preemption and non-finite steps").
+
+A bf16 overflow in one training forward (or a NaN reward, a row that divides by zero) makes a loss or a gradient
+non-finite; the optimizer would write it into every trained tensor, and the run would go on, its loss logged as 0.0
+by transformers' NaN filter. :class:`NonFiniteGuard` makes the step a no-op instead, as Megatron-LM skips an
+iteration whose gradients overflowed:
+
+- every micro-batch's loss is checked on the device (an or'ed flag, no host synchronisation);
+- at the optimizer step, after the gradient clip, the pre-clip gradient norm (inf or NaN when any gradient is) and
+  that flag are read once (one host read a step, of the norm transformers reads anyway to log it);
+- a bad step drops every gradient (the optimizer then changes neither a parameter nor its state: both torch's AdamW
+  and bitsandbytes' skip a parameter without a gradient) and marks the optimizer step skipped, so the learning-rate
+  schedule does not advance (accelerate's ``step_was_skipped``, which transformers reads); the step counter does
+  advance (the step's data were used). The skipped step's loss and gradient norm are logged as they were (NaN),
+  ``nonfinite_steps`` counts the skipped steps of the run;
+- ``TarpoConfig.max_nonfinite_steps`` bad steps in a row stop the run with :class:`NonFiniteTraining`, one line
+  naming the step, the last complete checkpoint and the usual causes.
+
+On the rollout side nothing is filtered: a non-finite logit, router probability or soft mixture in a rollout
+(the policy's parameters are finite, so only an overflow of its arithmetic makes one) is recorded as it is; it
+makes that row's training forward or its recorded log-probabilities non-finite, so the step is skipped and
+counted here (tests/test_nonfinite.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import checkpoints
+
+CAUSES = ("a learning rate too high for the model (LR, ROUTER_LR), bf16 overflow in long sequences (try BF16=0 on a "
+          "small model to tell), or a reward function that returns NaN or inf")
+
+
+class NonFiniteTraining(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
+
+
+class NonFiniteGuard:
+    """The trainer's non-finite check, one per run. ``limit``: consecutive bad steps that stop the run."""
+
+    def __init__(self, limit: int):
+        self.limit, self.in_a_row, self.count, self._bad_loss = limit, 0, None, None
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        """A micro-batch's loss: whether it is finite, kept on the device until the step's check."""
+        bad = ~torch.isfinite(loss.detach())
+        self._bad_loss = bad if self._bad_loss is None else self._bad_loss | bad
+
+    def step_is_finite(self, grad_norm, trainer) -> bool:
+        """At the optimizer step (``grad_norm``: the pre-clip norm, a tensor or a float): True for a finite step;
+        else drop the gradients, mark the optimizer step skipped, count it, and raise :class:`NonFiniteTraining`
+        past the limit. Appends ``nonfinite_steps`` to the trainer's metrics."""
+        if self.count is None:  # a resumed run goes on counting from its log
+            logged = [h["nonfinite_steps"] for h in trainer.state.log_history if "nonfinite_steps" in h]
+            self.count = int(logged[-1]) if logged else 0
+        norm = torch.as_tensor(grad_norm, dtype=torch.float32)
+        bad = ~torch.isfinite(norm.to(self._bad_loss.device) if self._bad_loss is not None else norm)
+        if self._bad_loss is not None:
+            bad = bad | self._bad_loss
+        self._bad_loss = None
+        finite = not bool(bad.item())  # the one host read of the step
+        trainer.optimizer._is_overflow = not finite  # accelerate's "this step was skipped": no LR schedule step
+        trainer._metrics["train"]["nonfinite_steps"].append(float(self.count + (not finite)))
+        if finite:
+            self.in_a_row = 0
+            return True
+        self.count += 1
+        self.in_a_row += 1
+        trainer.model.zero_grad(set_to_none=True)
+        step = trainer.state.global_step + 1
+        if self.in_a_row >= self.limit:
+            last = checkpoints.last_complete_checkpoint(trainer.args.output_dir, report=lambda _: None)
+            raise NonFiniteTraining(
+                f"step {step}: the loss or the gradient norm was not finite at {self.in_a_row} optimizer steps in a "
+                f"row (max_nonfinite_steps={self.limit}; each skipped, no parameter changed); the last complete "
+                f"checkpoint is {last or 'none (no checkpoint was saved)'}. Usual causes: {CAUSES}")
+        return False

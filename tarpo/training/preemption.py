@@ -1,0 +1,99 @@
+"""A run stopped by a signal ends with a complete checkpoint (docs/design-notes.md, "Preemption and non-finite steps").
+
+A scheduler that preempts a job (Slurm's ``scancel`` or the end of its time, Kubernetes' eviction) sends SIGTERM, and
+some send an early warning first (Slurm's ``--signal=USR1@120``). :class:`SaveOnSignal` turns each signal of
+``TarpoConfig.save_on_signals`` into "finish the optimizer step in flight, write a checkpoint, stop": the handler
+only records the signal (so a second one, even during the save, changes nothing, and the save is atomic anyway:
+tarpo.training.checkpoints), and at the end of the step every process stops at the same step (the processes
+agree over one all-reduce of a flag a step, when there are several), the Trainer saves ``checkpoint-N`` and
+training returns. The launcher then says so in one line and exits with :data:`EXIT_PREEMPTED` (75, sysexits'
+EX_TEMPFAIL: try again), a status a requeue can be keyed on; running the same command again resumes from the
+checkpoint and trains what an uninterrupted run trains.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+
+import torch
+from transformers import TrainerCallback
+
+from ..atomic_files import write_json_atomic
+from ..config import signal_numbers
+
+logger = logging.getLogger(__name__)
+EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, the command may be run again
+MARKER = "preempted.json"  # in the run folder while its last launch was stopped by a signal (tarpo.runs.launch)
+
+
+def any_process(flag: bool) -> bool:
+    """``flag`` or'ed over the processes of a distributed run (one all-reduce of one number); ``flag`` alone."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+class SaveOnSignal(TrainerCallback):
+    """Stop at the end of the step in flight, with a checkpoint, when one of ``signals`` arrives (handlers set
+    while training, the previous ones put back after). ``received``: the first signal's name; ``stopped_at``: the
+    step training stopped after (None: it was not stopped)."""
+
+    def __init__(self, signals):
+        self.signals, self.received, self.stopped_at, self._previous = signal_numbers(signals), None, None, {}
+
+    def _handle(self, signum, _frame):
+        if self.received is None:  # the first one counts; later ones (a second SIGTERM during the save) do nothing
+            self.received = signal.Signals(signum).name
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("training outside the main thread: a signal cannot stop it with a checkpoint")
+            return
+        self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if any_process(self.received is not None):
+            self.received = self.received or "a signal to another process"
+            self.stopped_at = state.global_step
+            control.should_save = control.should_training_stop = True
+            if state.is_world_process_zero:
+                logger.warning(f"{self.received}: step {state.global_step} done, saving checkpoint-"
+                               f"{state.global_step} and stopping")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+
+def record_stop(run_dir: str, signal_name: str, step: int) -> None:
+    """Leave :data:`MARKER` in ``run_dir``: its last launch stopped at ``signal_name`` after ``step``."""
+    write_json_atomic(os.path.join(run_dir, MARKER), {"signal": signal_name, "step": step,
+                                                      "checkpoint": os.path.join(run_dir, f"checkpoint-{step}")})
+
+
+def clear_stop(run_dir: str) -> None:
+    """A new launch into ``run_dir``: the marker of an earlier stop goes."""
+    try:
+        os.remove(os.path.join(run_dir, MARKER))
+    except FileNotFoundError:
+        pass
+
+
+def stop_line(run_dir: str) -> str | None:
+    """The one line a launcher prints when its run was stopped by a signal (None: it was not)."""
+    try:
+        with open(os.path.join(run_dir, MARKER)) as f:
+            stop = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return (f"tarpo launch: stopped by {stop['signal']} after step {stop['step']}: {stop['checkpoint']} is complete; "
+            f"run the same command again to resume from it (exit status {EXIT_PREEMPTED})")
