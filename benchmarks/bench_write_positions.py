@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import torch
 
@@ -55,17 +56,25 @@ SHAPES = {"smollm2-135m": SMOLLM2_135M, "qwen2.5-3b": ARCHITECTURES["qwen2.5-3b"
                        rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)}
 
 
-def load_lora_model(model_dir: str, cuda: bool, cache: int, steps: int, targets: str | None = None):
-    """The model as a launcher trains it (default backend, LoRA r 32 on q/k/v/o or ``targets``), in eval mode."""
+def load_lora_model(model_dir: str, cuda: bool, cache: int, steps: int, targets: str | None = None,
+                    bf16: bool | None = None):
+    """The model as a launcher trains it (default backend, LoRA r 32 on q/k/v/o or ``targets``), in eval mode;
+    bf16 weights on CUDA (or with ``bf16``), fp32 LoRA. The LoRA's B is random (a trained adapter's, not PEFT's
+    zeros), so that merging it changes the weights."""
     backend = resolve_backend("auto")
+    bf16 = cuda if bf16 is None else bf16
     extra = {"lora_target_modules": targets.split(",")} if targets else {}
     config = TarpoConfig(output_dir=tempfile.mkdtemp(prefix="bench-positions-"), lora_r=32, lora_alpha=64,
-                         bf16=cuda, report_to="none", max_prompt_length=cache - steps, max_completion_length=steps,
-                         **extra)
-    model = training_policy(model_dir, config, backend, "bfloat16" if cuda else "float32")
+                         bf16=bf16, use_cpu=bf16 and not cuda, report_to="none", max_prompt_length=cache - steps,
+                         max_completion_length=steps, **extra)
+    model = training_policy(model_dir, config, backend, "bfloat16" if bf16 else "float32")
     if backend == "hf":
         from peft import get_peft_model
         model = get_peft_model(model.to("cuda" if cuda else "cpu"), lora_config(config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
     return model.eval(), backend
 
 
@@ -117,21 +126,22 @@ def measure(model, tok, args, cuda: bool) -> dict:
                for p in args.positions}
     res = {"positions": {}, "cache": static_decode.cache_length(0, args.steps, spec.max_prompt_length)}
 
-    def rollout(p, mode="written"):
+    def rollout(p, mode="written", merge=None):
         if bucket is not None:  # None: the engine before issue 46, which always attends over the whole cache
             static_decode.ATTENTION_BUCKET = bucket if mode == "written" else 10 ** 9  # "full": all slots
+        run_spec = spec if merge is None else replace(spec, decode_merge=merge)  # a tree before issue 55: no merge
         with StepClock(cuda) as clock, mixed_precision(policy.backbone):  # the trainer's autocast: bf16 LoRA
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            hybrid_generate(policy, *prompts[p], spec)
+            hybrid_generate(policy, *prompts[p], run_spec)
             if cuda:
                 torch.cuda.synchronize()
             return time.perf_counter() - t0, clock.step_ms()
 
     bucket = getattr(static_decode, "ATTENTION_BUCKET", None)
-    first_total, _ = rollout(args.positions[0])
-    runs = [(p, mode) for p in args.positions for mode in args.modes]
+    first_total, _ = rollout(args.positions[0], args.modes[0], args.merges[0])
+    runs = [(p, mode, merge) for p in args.positions for mode in args.modes for merge in args.merges]
     totals, steps = {run: [] for run in runs}, {run: [] for run in runs}
     for r in range(args.rounds):
         for run in (runs if r % 2 == 0 else runs[::-1]):
@@ -142,15 +152,18 @@ def measure(model, tok, args, cuda: bool) -> dict:
         static_decode.ATTENTION_BUCKET = bucket
     kv_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * (
         model.config.hidden_size // model.config.num_attention_heads) * (2 if cuda else 4)
-    for p, mode in runs:
+    for p, mode, merge in runs:
         span = res["cache"]
         if mode == "written" and hasattr(static_decode, "attention_span"):
             span = static_decode.attention_span(p + args.steps // 2, res["cache"])
-        res["positions"].setdefault(str(p), {})[mode] = {
-            "step_ms": statistics.median(steps[p, mode]), "rollout_s": statistics.median(totals[p, mode]),
+        key = mode if len(args.merges) == 1 else f"{mode}/{merge}"
+        run = p, mode, merge
+        res["positions"].setdefault(str(p), {})[key] = {
+            "step_ms": statistics.median(steps[run]), "rollout_s": statistics.median(totals[run]),
             "kv_gb_per_step": args.batch * span * kv_token / 1e9}
     res["first_rollout_s"] = first_total
-    res["compile_s"] = first_total - res["positions"][str(args.positions[0])][args.modes[0]]["rollout_s"]
+    first = args.modes[0] if len(args.merges) == 1 else f"{args.modes[0]}/{args.merges[0]}"
+    res["compile_s"] = first_total - res["positions"][str(args.positions[0])][first]["rollout_s"]
     return res
 
 
@@ -173,10 +186,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="written,full",
                     help="written: attention over the written slots (the engine's rule); full: over the whole cache")
+    ap.add_argument("--bf16", action="store_true", help="bf16 weights on the CPU too (as on a GPU; fp32 LoRA)")
+    ap.add_argument("--merges", default="default",
+                    help="decode weights (TarpoConfig.decode_merge), comma-separated and interleaved: all | attention "
+                         "| none; default: the RolloutSpec's (a tree before issue 55 has no such setting)")
     ap.add_argument("--json", help="write the results here (merged under the key 'write_positions')")
     args = ap.parse_args()
     args.positions = [int(p) for p in args.positions.split(",")]
     args.modes = args.modes.split(",")
+    args.merges = [None if m == "default" else m for m in args.merges.split(",")]
     cuda = torch.cuda.is_available()
     if args.regional != "default":
         static_decode.REGIONAL_COMPILE["cuda" if cuda else "cpu"] = args.regional == "on"
@@ -188,12 +206,13 @@ def main() -> None:
         shape["num_hidden_layers"] = args.layers or shape["num_hidden_layers"]
         model_dir = random_model_dir(tempfile.mkdtemp(prefix="bench-positions-"), shape, torch.float32,
                                      arch=SHAPES[args.shape]["model_type"])
-    model, backend = load_lora_model(model_dir, cuda, args.cache, args.steps, args.lora_targets)
+    model, backend = load_lora_model(model_dir, cuda, args.cache, args.steps, args.lora_targets, args.bf16 or None)
     load_s = time.perf_counter() - t0
     if args.log_code:
         import logging
         torch._logging.set_logs(output_code=True, all=logging.WARNING)
     res = {"device": torch.cuda.get_device_name() if cuda else "cpu", "backend": backend, "batch": args.batch,
+           "merges": args.merges,
            "regional": getattr(static_decode, "REGIONAL_COMPILE", {}).get("cuda" if cuda else "cpu", False),
            "steps": args.steps, "model": args.model or args.shape, "layers": model.config.num_hidden_layers,
            "load_s": load_s, "torch": torch.__version__,

@@ -9,7 +9,8 @@
 #   BUDGET=400 bash benchmarks/gpu_session.sh call2  # random Qwen2.5-3B weights; run_math.sh for two steps at the
 #       paper's MATH settings (64 x 1,024 + 1,024 tokens, ACTION_BIAS=2.2,0), nvidia-smi's memory every 0.5 s beside
 #   bash benchmarks/gpu_session.sh positions   # Qwen2.5-3B shape: the compiled step at write positions 64, 512 and
-#       1,900 of a 2,048-position cache, its cold compile and kernels; tests/test_gpu.py
+#       1,900 of a 2,048-position cache, with merged decode weights and with the adapter (DECODE_MERGE all, none),
+#       its cold compile and kernels; tests/test_gpu.py
 #   bash benchmarks/gpu_session.sh decode      # Qwen2.5-3B shape: the compiled step at batch 64 (learned, all-hard,
 #       all-soft rows) against the weight-reading floor
 # Carry .whl (benchmarks/fetch_gpu_wheels.sh) and .gpu-data (python benchmarks/gpu_session.py data .gpu-data
@@ -169,7 +170,7 @@ case $CALL in
     install
     timed model3 120 "$PY" benchmarks/gpu_session.py model $WORK/q3 $SHAPE3
     TORCH_LOGS=output_code timed write-positions $(( $(left) - 100 )) "$PY" benchmarks/bench_write_positions.py \
-      --model $WORK/q3 --json "$JSON" --rounds 2 $([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1) \
+      --model $WORK/q3 --json "$JSON" --rounds 2 --merges all,none $([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1) \
       2> $WORK/code.log || grep -v __output_code $WORK/code.log | tail -n 40
     "$PY" benchmarks/count_kernels.py $WORK/code.log --json "$JSON" --key step-kernels | head -n 30
     test_gpu;;

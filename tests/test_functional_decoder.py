@@ -29,9 +29,12 @@ CASES = [("qwen2", True, ATTENTION), ("qwen2", False, ALL_LINEAR), ("llama", Fal
          ("llama", False, ALL_LINEAR), ("qwen2", True, ["q_proj", "v_proj", "up_proj"])]
 
 
+@pytest.mark.parametrize("merge", ["all", "attention", "none"])
 @pytest.mark.parametrize("case", CASES, ids=["qwen2-tied-qkvo", "qwen2-untied-all", "llama3-qkvo", "llama3-all",
                                              "qwen2-q-v-up"])
-def test_prefill_and_cached_steps_equal_transformers_forward(tokenizer, case):
+def test_prefill_and_cached_steps_equal_transformers_forward(tokenizer, case, merge):
+    """At every merge level (TarpoConfig.decode_merge): the LoRA merged into copies of q|k|v and o (and of gate|up
+    and down), or applied as an adapter. fp32: the merged weights round once more than PEFT's ``W x + s B (A x)``."""
     model = model_of(tokenizer, case)
     base = model.get_base_model()
     if case[0] == "llama":
@@ -46,7 +49,7 @@ def test_prefill_and_cached_steps_equal_transformers_forward(tokenizer, case):
     pos = positions_from_mask(mask)
     with torch.no_grad():
         ref = base.model(inputs_embeds=E[ids], attention_mask=mask, position_ids=pos).last_hidden_state
-        w = fd.decoder_weights(model)
+        w = fd.decoder_weights(model, merge)
         L = P + T + 3  # a cache longer than what is written
         cache = fd.new_cache(w, B, L, E.dtype, "cpu")
         got = [fd.forward(w, E[ids[:, :P]], pos[:, :P], cache, torch.arange(P), fd.prefill_mask(mask[:, :P]), P)]
@@ -60,9 +63,15 @@ def test_prefill_and_cached_steps_equal_transformers_forward(tokenizer, case):
     torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
     head = base.get_output_embeddings()
     torch.testing.assert_close(head(got[real]), head(ref[real]), atol=1e-5, rtol=0)
-    # q, k, v grouped (one LoRA product), gate and up too where both carry LoRA; o and down alone; a group
-    # whose projections do not all carry LoRA applies each one's own
     layer = w.layers[0]
+    # merged: q|k|v one matrix (and gate|up at "all"), no LoRA left to apply; o and down merged where they carry it
+    merged = [g for g, on in ((layer.qkv, merge != "none"), (layer.gate_up, merge == "all")) if on]
+    assert all(len(g.projections) == 1 and g.lora == () and len(g.sizes) > 1 for g in merged)
+    assert layer.o.lora == () or merge == "none"
+    if merge != "none":
+        return
+    # none: q, k, v grouped (one LoRA product), gate and up too where both carry LoRA; o and down alone; a group
+    # whose projections do not all carry LoRA applies each one's own
     assert (layer.qkv.lora != ()) == ("k_proj" in case[2]) and (layer.gate_up.lora != ()) == (case[2] == ALL_LINEAR)
     if layer.qkv.lora:
         assert layer.qkv.lora[0][1].shape == (sum(layer.qkv.sizes), 3 * 4)  # block-diagonal B, r = 4
@@ -118,3 +127,31 @@ def test_regional_forward_traces_one_layer_once(tokenizer):
             calls = [n for n in graphs[0].graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
             subgraphs = {n.args[0].target for n in calls}
             assert (len(calls), len(subgraphs)) == ((len(w.layers), 1) if regional else (0, 0))
+
+
+@pytest.mark.parametrize("targets,expected", [(ATTENTION, {"all": 4, "attention": 5, "none": 11}),
+                                              (ALL_LINEAR, {"all": 4, "attention": 9, "none": 15})],
+                         ids=["paper-targets", "all-linear"])
+def test_the_decode_weights_set_the_matrix_products_of_a_layer(tokenizer, targets, expected):
+    """The matrix products one decoder layer of the compiled step launches, counted in the graph dynamo traces:
+    merged ("all") q|k|v, o, gate|up, down; "attention" merges q|k|v and o only; "none" adds the base products
+    of q, k, v, o, gate, up, down and two an adapter (grouped where projections share an input). The generated
+    code keeps these (docs/rollout-engines.md, "Measured (issue 55)": inductor leaves every one to a library mm)."""
+    model = model_of(tokenizer, ("qwen2", False, targets))
+    E = model.get_base_model().get_input_embeddings().weight
+    ids, mask = torch.randint(5, len(tokenizer), (2, 1)), torch.ones(2, 1, dtype=torch.long)
+    for merge, per_layer in expected.items():
+        w = fd.decoder_weights(model, merge)
+        graphs = []
+
+        def recording(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(lambda c: fd.forward(w, E[ids], positions_from_mask(mask), c, torch.arange(1),
+                                               fd.prefill_mask(mask), 1), backend=recording, fullgraph=True)(
+                fd.new_cache(w, 2, 1, E.dtype, "cpu"))
+        products = sum(1 for n in graphs[0].graph.nodes if n.op == "call_function" and n.target in (
+            torch._C._nn.linear, torch.nn.functional.linear, torch.matmul))
+        assert products == per_layer * len(w.layers), (merge, products)

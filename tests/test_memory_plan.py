@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 import sys
-
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -140,21 +140,42 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
     assert allocated == mp.rollout_bytes(mp.shapes_of(model.config, ATTENTION, 8), run)["kv_cache"]
 
 
-def test_the_compiled_engines_grouped_lora_is_planned():
-    """The grouped LoRA copies the compiled engine makes per rollout (functional_decoder.Group: A stacked, B
-    block-diagonal, for q/k/v and gate/up) are the plan's ``lora_grouped`` elements, exactly."""
+def decode_tensors(layer):
+    """Every tensor of a functional_decoder.Layer's projections (norms aside)."""
+    for part in (layer.qkv, layer.o, layer.gate_up, layer.down):
+        projections, groups = (part.projections, part.lora) if hasattr(part, "sizes") else ((part,), ())
+        for p in projections:
+            yield from (t for t in (p.weight, p.bias) if t is not None)
+            yield from (t for a, b, bb, _ in p.lora for t in (a, b, bb) if t is not None)
+        yield from (t for a, b, bb, _ in groups for t in (a, b, bb) if torch.is_tensor(t))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_compiled_engines_decode_weights_are_planned(dtype):
+    """The copies the compiled engine makes per rollout (functional_decoder.decoder_weights: merged q|k|v, o, gate|up,
+    down with their biases; or the adapter's grouped and cast LoRA) are the plan's ``decode_weights`` bytes, exactly,
+    at every merge level, for Qwen2 (q/k/v biases) and Llama, three sets of LoRA targets, fp32 and bf16 weights
+    (fp32 LoRA, as PEFT keeps it)."""
     from peft import LoraConfig, get_peft_model
 
     from tarpo.engine import functional_decoder as fd
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    for lora_targets in (targets, ATTENTION, ["q_proj", "v_proj"]):
-        model = get_peft_model(tiny("llama", 64, 160, 3, 4, 2, 300), LoraConfig(r=8, target_modules=lora_targets))
-        weights = fd.decoder_weights(model)
-        made = sum(t.numel() for layer in weights.layers for group in (layer.qkv, layer.gate_up)
-                   for a, b, *_ in group.lora for t in (a, b))
-        assert made == mp.shapes_of(model.config, lora_targets, 8).lora_grouped, lora_targets
-        assert made > 0 or lora_targets == ["q_proj", "v_proj"]
+    for arch in ("qwen2", "llama"):
+        for lora_targets in (targets, ATTENTION, ["q_proj", "v_proj"]):
+            model = get_peft_model(tiny(arch, 64, 160, 3, 4, 2, 300).to(dtype), LoraConfig(r=8,
+                                                                                            target_modules=lora_targets))
+            assert next(p for n, p in model.named_parameters() if "lora_A" in n).dtype == torch.float32
+            own = {p.data_ptr() for p in model.parameters()}
+            shapes = mp.shapes_of(model.config, lora_targets, 8)
+            for merge in ("all", "attention", "none"):
+                weights = fd.decoder_weights(model, merge)
+                copies = {t.data_ptr(): t for layer in weights.layers for t in decode_tensors(layer)
+                          if t.data_ptr() not in own}
+                made = sum(t.numel() * t.element_size() for t in copies.values())
+                run = mp.Run(rows=1, prompt=8, completion=8, decode_merge=merge, weight_bytes=dtype.itemsize)
+                assert made == mp.rollout_bytes(shapes, run)["decode_weights"], (arch, lora_targets, merge)
+                assert made > 0 or (merge == "none" and dtype == torch.float32 and len(lora_targets) == 2)
 
 
 # a sharded run's per-process plan: 8 decoder layers, so that gathering 2 of them is told apart from the whole
@@ -309,3 +330,17 @@ def test_a_hub_id_without_a_cached_config_skips_the_plan(monkeypatch, capsys):
     cfg = json.loads(out.strip().splitlines()[-1])
     assert "memory not planned" in cfg["memory_plan"]["skipped"] and cfg["memory_plan"]["micro_batch"] == 8
     assert (cfg["trainer"]["per_device_train_batch_size"], cfg["trainer"]["gradient_accumulation_steps"]) == (8, 4)
+
+
+def test_auto_decode_merge_takes_the_first_level_whose_rollout_fits():
+    """DECODE_MERGE=auto: all where it fits, else attention, else none; a level that was set is kept as set."""
+    s = mp.shapes_of(mp.preset_config("qwen2.5-3b"), ATTENTION, 32)
+    run = mp.Run(rows=64, prompt=1024, completion=1024)
+    levels = ("all", "attention", "none")
+    rollout = {m: sum(mp.rollout_bytes(s, replace(run, decode_merge=m)).values()) for m in levels}
+    assert rollout["all"] > rollout["attention"] > rollout["none"]
+    for usable, chosen in ((rollout["all"], "all"), (rollout["all"] - 1, "attention"),
+                           (rollout["attention"] - 1, "none"), (1, "none")):
+        assert mp.choose_decode_merge(s, run, usable) == chosen
+    assert mp.choose_decode_merge(s, run, 1, "all") == "all"
+    assert mp.choose_decode_merge(s, replace(run, engine="eager"), 1) == "all"  # the eager engine makes no copies

@@ -1,6 +1,8 @@
 """The compiled engine (tarpo.engine.static_decode) against the eager one, given the same noise.
 
-Both engines run on tiny Qwen2 and Llama models (grouped K/V heads), left-padded prompts,
+Both engines run on tiny Qwen2 and Llama models (grouped K/V heads) with a LoRA on every linear layer (the
+compiled engine decodes with it merged into its weight copies, the eager one applies it as PEFT does), left-padded
+prompts,
 logits biased so that rows end at different steps and write the answer tag split across
 steps, as one token and inside a token. Every routing mode is covered.
 """
@@ -41,7 +43,21 @@ def tag_world(tokenizer, model):
     return token_text, bias
 
 
+def with_lora(model):
+    """``model`` with a LoRA of r 4 on every linear layer whose B is not zero (a trained adapter's), so that the
+    compiled engine's merged decode weights (TarpoConfig.decode_merge, "all" by default) differ from the model's."""
+    from peft import LoraConfig, get_peft_model
+
+    if "_test_lora" not in vars(model):  # once per model (PEFT injects its layers into it)
+        torch.manual_seed(1)
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=targets))
+        object.__setattr__(model, "_test_lora", lora.eval())  # kept beside the module, not as its submodule
+    return vars(model)["_test_lora"]
+
+
 def run_both(model, tokenizer, routing, seed=0, **spec_kw):
+    model = with_lora(model)
     token_text, bias = tag_world(tokenizer, model)
     backbone = BiasedBackbone(model, bias)
     torch.manual_seed(seed)

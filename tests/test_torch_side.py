@@ -31,7 +31,7 @@ SUBSET = (
     "tests/test_static_decode.py::test_compiled_step_has_no_graph_break_and_is_reused[qwen2]",
     "tests/test_static_decode.py::test_the_trajectory_survives_a_runtime_that_overwrites_the_steps_outputs"
     "[llama-hrpo]",
-    "tests/test_functional_decoder.py::test_prefill_and_cached_steps_equal_transformers_forward[llama3-all]",
+    "tests/test_functional_decoder.py::test_prefill_and_cached_steps_equal_transformers_forward[llama3-all-all]",
     "tests/test_functional_decoder.py::test_regional_forward_traces_one_layer_once",
 )
 

@@ -124,8 +124,66 @@ def rotary_frequencies(config, device) -> tuple[torch.Tensor, float]:
     return inv_freq, float(scale)
 
 
-def decoder_weights(model) -> DecoderWeights:
-    """The tensors of a Qwen2 or Llama causal LM (PEFT-wrapped or not, loaded by any backend)."""
+def _merged_weight(p: Projection) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``W + sum s B A`` and ``b + sum s b_B`` of a projection, in fp32 (the adapters summed before one rounding)."""
+    weight, bias = p.weight.float(), None if p.bias is None else p.bias.float()
+    for a, b, b_bias, scaling in p.lora:
+        weight = weight + scaling * (b.float() @ a.float())
+        if b_bias is not None:
+            start = bias if bias is not None else torch.zeros_like(b_bias, dtype=torch.float32)
+            bias = start + scaling * b_bias.float()
+    return weight, bias
+
+
+def _merged(p: Projection, dtype) -> Projection:
+    """The projection with its LoRA merged into a copy in ``dtype``; without LoRA the model's own weight."""
+    if not p.lora:
+        return p
+    weight, bias = _merged_weight(p)
+    return Projection(weight.to(dtype), None if bias is None else bias.to(dtype), ())
+
+
+def _merged_group(projections, dtype) -> Group:
+    """Projections that read one input as one matrix, their LoRA merged in (a copy in ``dtype``): one product whose
+    output is split by the projections' sizes."""
+    merged = [_merged_weight(p) for p in projections]
+    sizes = tuple(w.shape[0] for w, _ in merged)
+    bias = None
+    if any(b is not None for _, b in merged):
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in merged]).to(dtype)
+    return Group((Projection(torch.cat([w.to(dtype) for w, _ in merged]), bias, ()),), (), sizes)
+
+
+def _cast(p: Projection, dtype) -> Projection:
+    """The projection with its LoRA matrices in ``dtype``, cast once (the cast autocast would make at every step)."""
+    return p._replace(lora=tuple((a.to(dtype), b.to(dtype), None if bb is None else bb.to(dtype), s)
+                                 for a, b, bb, s in p.lora))
+
+
+def _layer_weights(layer, merge: str, dtype) -> Layer:
+    """One decoder layer's :class:`Layer` at merge level ``merge`` (``TarpoConfig.decode_merge``)."""
+    qkv = [_projection(getattr(layer.self_attn, f"{n}_proj")) for n in "qkv"]
+    o, gate_up, down = (_projection(layer.self_attn.o_proj), [_projection(layer.mlp.gate_proj),
+                        _projection(layer.mlp.up_proj)], _projection(layer.mlp.down_proj))
+    attention, mlp = merge in ("all", "attention"), merge == "all"
+    return Layer(layer.input_layernorm.weight,
+                 _merged_group(qkv, dtype) if attention else _group(*(_cast(p, dtype) for p in qkv)),
+                 _merged(o, dtype) if attention else _cast(o, dtype), layer.post_attention_layernorm.weight,
+                 _merged_group(gate_up, dtype) if mlp else _group(*(_cast(p, dtype) for p in gate_up)),
+                 _merged(down, dtype) if mlp else _cast(down, dtype))
+
+
+def decoder_weights(model, merge: str = "all") -> DecoderWeights:
+    """The tensors of a Qwen2 or Llama causal LM (PEFT-wrapped or not, loaded by any backend), and the copies the
+    compiled engine decodes with, in the compute dtype (the weights' 16-bit dtype, else fp32), built once per rollout:
+
+    - ``merge="all"``: q|k|v one matrix, gate|up one matrix, each with its LoRA merged in (``W + s B A`` summed in
+      fp32, rounded once); o and down merged where they carry LoRA, else the model's own: 4 products a layer;
+    - ``"attention"``: that for q|k|v and o; the MLP as ``"none"``;
+    - ``"none"``: the model's own weights and the LoRA as an adapter, its matrices cast once (bit-identical to the
+      cast autocast makes), grouped where projections share an input (:class:`Group`).
+
+    The model's weights are never written (a bf16 round trip would drift them)."""
     base = unwrap(model)
     config, decoder = base.config, base.get_decoder()
     if getattr(config, "model_type", None) not in ("qwen2", "llama"):
@@ -134,11 +192,9 @@ def decoder_weights(model) -> DecoderWeights:
         raise ValueError("the compiled engine has no sliding-window attention: use ENGINE=eager")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"the compiled engine's MLP is SwiGLU; hidden_act={config.hidden_act!r}")
-    layers = tuple(Layer(layer.input_layernorm.weight,
-                         _group(*(_projection(getattr(layer.self_attn, f"{n}_proj")) for n in "qkv")),
-                         _projection(layer.self_attn.o_proj), layer.post_attention_layernorm.weight,
-                         _group(_projection(layer.mlp.gate_proj), _projection(layer.mlp.up_proj)),
-                         _projection(layer.mlp.down_proj)) for layer in decoder.layers)
+    embed = base.get_input_embeddings().weight
+    dtype = embed.dtype if embed.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    layers = tuple(_layer_weights(layer, merge, dtype) for layer in decoder.layers)
     inv_freq, scale = rotary_frequencies(config, decoder.norm.weight.device)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -169,8 +225,11 @@ def _linear(x, p: Projection):
 
 
 def _group_linear(x, g: Group) -> tuple:
-    """Each projection of the group applied to ``x``: ``W x + b + s B (A x)``, the LoRA term one product an adapter."""
+    """Each projection of the group applied to ``x``: ``W x + b + s B (A x)``, the LoRA term one product an adapter;
+    a merged group (one projection) is one product, split."""
     outs = [_linear(x, p) for p in g.projections]
+    if len(outs) == 1 and len(g.sizes) > 1:
+        return tuple(outs[0].split(g.sizes, dim=-1))
     if not g.lora:
         return tuple(outs)
     dtype = outs[0].dtype

@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import DynamicCache
 
-from ..config import default, sampling_problem
+from ..config import DECODE_MERGES, default, sampling_problem
 from ..algorithms import routing_rule
 from .backbone import positions_from_mask
 from .engine_choice import check_engine, engine_for
@@ -66,9 +66,13 @@ class RolloutSpec:
     max_prompt_length: int | None = None  # the prompt budget its cache is sized for (None: this batch's prompts)
     batch_size: int | None = None         # rows it decodes; a smaller batch is padded (None: this batch's rows)
     engine: str = "eager"  # "eager" (the reference, any backbone), "compiled" (tarpo.engine.static_decode) or "auto"
+    decode_merge: str = "all"  # compiled engine: the LoRA merged into copies ("all", "attention") or not ("none")
 
     def __post_init__(self):
         check_engine(self.engine, "RolloutSpec.engine")
+        if self.decode_merge not in DECODE_MERGES[1:]:
+            raise ValueError(f"RolloutSpec.decode_merge={self.decode_merge!r}: must be one of "
+                             f"{', '.join(DECODE_MERGES[1:])}")
         routing_rule(self.routing, "RolloutSpec.routing")
         if (problem := sampling_problem(self)) is not None:  # the sampling settings' rule, TarpoConfig's
             name, why = problem
@@ -76,10 +80,11 @@ class RolloutSpec:
 
     @classmethod
     def from_config(cls, config, **overrides) -> "RolloutSpec":
-        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy", "engine", "batch_size"}
+        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy", "engine", "batch_size", "decode_merge"}
         kwargs = {n: getattr(config, n) for n in names}
         kwargs["max_new_tokens"] = config.max_completion_length
         kwargs["engine"] = config.rollout_engine
+        kwargs["decode_merge"] = "all" if config.decode_merge == "auto" else config.decode_merge  # no plan: the most
         kwargs.update(overrides)
         return cls(**kwargs)
 

@@ -305,7 +305,8 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     rows, P = prompt_ids.shape
     B = check_fits(spec, prompt_ids)
     T, E = spec.max_new_tokens, backbone.embed_weight
-    weights = functional_decoder.decoder_weights(backbone.model)  # the model's own tensors, whichever backend
+    # the model's own tensors, whichever backend, and the copies the rollout decodes with (the LoRA merged in)
+    weights = functional_decoder.decoder_weights(backbone.model, spec.decode_merge)
     engine = DecodeBuffers(ctx, weights, B, cache_length(P, T, spec.max_prompt_length), device)
     if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs
         fill = B - rows
@@ -342,5 +343,5 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     steps = steps_that_ran(engine.rec["completion_mask"][:rows])
     rec = {name: buf[:rows, :steps].clone() for name, buf in engine.rec.items()}
     ended = engine.buf["ended"][:rows].clone()
-    del run, engine  # the cache, buffers and captured graph go now: the training forward needs the memory
+    del run, engine, weights  # the cache, buffers, weight copies and captured graph go now: training needs the memory
     return Rollout(prompt_ids=prompt_ids[:rows], prompt_mask=prompt_mask[:rows], ended_with_eos=ended, **rec)

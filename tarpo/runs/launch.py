@@ -149,9 +149,12 @@ def plan_memory(cfg: LaunchConfig, cuda: bool) -> LaunchConfig:
         shapes = mp.shapes_of(config, setting("lora_target_modules"), setting("lora_r"))
         import torch
         total = torch.cuda.mem_get_info()[1] if cuda else mp.GPU_80GB
+        merge = mp.choose_decode_merge(shapes, run, mp.usable_bytes(total), setting("decode_merge"))
+        run = replace(run, decode_merge=merge)
         p = mp.choose_micro_batch(shapes, run, per_process, mp.usable_bytes(total), requested)
         micro = p["micro_batch"]
         result = {**{k: round(v, 2) for k, v in p.items() if k.endswith("_gib")}, "micro_batch": micro,
+                  "decode_merge": merge,
                   "gpu_gib": round(total / mp.GIB, 2), "usable_gib": round(mp.usable_bytes(total) / mp.GIB, 2),
                   "gpu": torch.cuda.get_device_name() if cuda else "none: planned for an 80 GB GPU",
                   "engine": run.engine, "backend": backend, "shards": run.shards}
@@ -171,7 +174,8 @@ def plan_memory(cfg: LaunchConfig, cuda: bool) -> LaunchConfig:
                              "(docs/memory-plan.md)")
         result["fits"] = p["fits"]
     steps = per_process // micro
-    return replace(cfg.with_trainer(per_device_train_batch_size=micro, gradient_accumulation_steps=steps),
+    chosen = {"decode_merge": result["decode_merge"]} if "decode_merge" in result else {}
+    return replace(cfg.with_trainer(per_device_train_batch_size=micro, gradient_accumulation_steps=steps, **chosen),
                    memory_plan={**result, "gradient_accumulation_steps": steps})
 
 

@@ -8,7 +8,7 @@ project's own rollout and training forward/backward (tests/test_memory_plan.py c
 A step has two peaks (the rollout batch is the whole per-process batch ``B``; training runs in
 micro-batches ``mb``; ``L = P + T``, prompt and completion lengths; ``w`` = 2 bytes, bf16):
 
-- rollout: weights + LoRA/router/optimizer + KV cache + records +
+- rollout: weights + LoRA/router/optimizer + KV cache + decode weights + records +
   max(prefill of B x P tokens, one decode step's vocabulary-sized temporaries);
 - training micro-batch: the same persistent part + fp32 gradients + the rollout's records (its
   cache and buffers are released when it returns) +
@@ -20,21 +20,22 @@ tokens: the 36 layers' checkpoints and the copies of the hidden state cost
 recomputed layer, ``4*w*d + 6*w*11008 + 4*16 = 148,544`` bytes a token (2.27 GiB), and one log-prob
 chunk, ``16 * 1024 * 151,936`` bytes (2.32 GiB): 5.23 GiB of activations, beside 5.75 GiB of
 weights. The rollout's peak holds the 4.5 GiB KV cache (64 rows x 2,048 positions x 36 layers x
-1 KiB), released before training::
+1 KiB) and 3.7 GiB of decode weights (the LoRA merged into copies of q|k|v, o and gate|up:
+:func:`decode_copy_elements`), released before training::
 
     >>> s = shapes_of(preset_config("qwen2.5-3b"), ["q_proj", "k_proj", "v_proj", "o_proj"], 32)
     >>> s.params, s.lora_params
     (3085938688, 14745600)
     >>> p = plan(s, Run(rows=64, prompt=1024, completion=1024), micro_batch=8)
     >>> round(p["rollout_gib"], 1), round(p["train_gib"], 1)
-    (15.6, 11.1)
+    (19.2, 11.1)
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import default
 
@@ -60,7 +61,9 @@ class Shapes:
     intermediate: int
     vocab: int
     embedding: int = 0  # parameters of the input embedding and the output head (once if tied)
-    lora_grouped: int = 0  # elements of the compiled engine's grouped LoRA copies (functional_decoder.Group)
+    projections: tuple = ()  # one decoder layer's linear layers: (name, in, out, has a bias) each
+    lora_targets: tuple = ()  # the projections that carry LoRA
+    lora_r: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Run:
     optim_8bit: bool = True    # 8-bit AdamW: 2 bytes of moments per LoRA parameter, else 8
     chunk: int = default("logprob_chunk_size")
     full_kl: bool = False      # token_kl="full": a second fp32 [chunk, V] set for the reference
+    decode_merge: str = "all"  # the compiled engine's decode weights (TarpoConfig.decode_merge, not "auto")
     checkpointing: bool = True
     weight_bytes: int = 2      # bf16; 4 for an fp32 (CPU) run
     shards: int = 1            # FSDP2: the processes the parameters are sharded over (tarpo.training.sharding)
@@ -119,17 +123,55 @@ def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     tied = getattr(config, "tie_word_embeddings", False)
-    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
-    grouped = 0  # per layer: A stacked [sum r, in] and B block-diagonal [sum out, sum r] of a group all with LoRA
-    for names, outs in ((("q_proj", "k_proj", "v_proj"), (heads * head_dim, kv, kv)),
-                        (("gate_proj", "up_proj"), (config.intermediate_size,) * 2)):
-        if set(names) <= set(lora_targets):
-            grouped += len(names) * lora_r * (config.hidden_size + sum(outs))
+    layer = model.get_decoder().layers[0]
+    projections = tuple((name, m.in_features, m.out_features, m.bias is not None) for name, m in (
+        *((f"{n}_proj", getattr(layer.self_attn, f"{n}_proj")) for n in "qkvo"),
+        *((f"{n}_proj", getattr(layer.mlp, f"{n}_proj")) for n in ("gate", "up", "down"))))
     return Shapes(params=params, lora_params=lora, layers=config.num_hidden_layers, hidden=config.hidden_size,
                   heads=heads, kv_heads=getattr(config, "num_key_value_heads", None) or heads, head_dim=head_dim,
                   intermediate=config.intermediate_size, vocab=config.vocab_size,
-                  embedding=config.vocab_size * config.hidden_size * (1 if tied else 2),
-                  lora_grouped=grouped * config.num_hidden_layers)
+                  embedding=config.vocab_size * config.hidden_size * (1 if tied else 2), projections=projections,
+                  lora_targets=tuple(n for n, *_ in projections if n in set(lora_targets)), lora_r=lora_r)
+
+
+def decode_copy_elements(s: Shapes, merge: str, half: bool) -> int:
+    """Elements of the copies the compiled engine decodes with at merge level ``merge``
+    (:func:`tarpo.engine.functional_decoder.decoder_weights`), ``half``: 16-bit weights (the LoRA's fp32 matrices are
+    then cast; in fp32 only the grouped ones are copies). Merged: a group's one matrix (``sum out x in``, its biases
+    ``sum out`` where any projection has one), a lone projection's copy where it carries LoRA. Adapter: a group all
+    with LoRA stacks its ``A`` (``k r x in``) and block-diagonalises its ``B`` (``sum out x k r``); else each
+    projection's cast ``r (in + out)``.
+
+    Qwen2.5-3B, LoRA on q/k/v/o, bf16: a layer's q|k|v with biases (2,560 x 2,048 + 2,560), o (2,048 x 2,048) and
+    gate|up (22,016 x 2,048) at ``all``, 36 layers; the adapter's cast matrices alone at ``none`` (GiB):
+
+    >>> s = shapes_of(preset_config("qwen2.5-3b"), ["q_proj", "k_proj", "v_proj", "o_proj"], 32)
+    >>> [round(2 * decode_copy_elements(s, m, True) / GIB, 2) for m in ("all", "attention", "none")]
+    [3.66, 0.63, 0.04]
+    """
+    p = {name: (i, o, bias) for name, i, o, bias in s.projections}
+    r, lora = s.lora_r, set(s.lora_targets)
+
+    def merged_group(names):
+        return sum(p[n][1] * p[n][0] for n in names) + (sum(p[n][1] for n in names) if any(p[n][2] for n in names)
+                                                          else 0)
+
+    def merged_one(n):
+        return p[n][1] * p[n][0] + (p[n][1] if p[n][2] else 0) if n in lora else 0
+
+    def adapter_one(n):
+        return r * (p[n][0] + p[n][1]) if n in lora and half else 0
+
+    def adapter_group(names):
+        if all(n in lora for n in names):
+            return len(names) * r * (p[names[0]][0] + sum(p[n][1] for n in names))
+        return sum(adapter_one(n) for n in names)
+    qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+    attention = (merged_group(qkv) + merged_one("o_proj") if merge in ("all", "attention")
+                 else adapter_group(qkv) + adapter_one("o_proj"))
+    mlp = (merged_group(gate_up) + merged_one("down_proj") if merge == "all"
+           else adapter_group(gate_up) + adapter_one("down_proj"))
+    return s.layers * (attention + mlp)
 
 
 def cache_positions(run: Run) -> int:
@@ -181,9 +223,9 @@ def rollout_bytes(s: Shapes, run: Run) -> dict:
     if run.engine == "eager":
         step += B * C * (2 * q + s.kv_heads * s.head_dim) * w + B * C * kv_token
     cache = B * C * kv_token if run.engine == "compiled" else 0
-    # the compiled engine's grouped LoRA (A stacked, B block-diagonal), in LoRA's dtype: fp32 at most
-    lora_groups = 4 * s.lora_grouped if run.engine == "compiled" else 0
-    return {**persistent_bytes(s, run, "rollout"), "kv_cache": cache, "lora_groups": lora_groups,
+    # the compiled engine's decode weights: merged copies of the projections, or the adapter's (decode_merge)
+    copies = w * decode_copy_elements(s, run.decode_merge, w == 2) if run.engine == "compiled" else 0
+    return {**persistent_bytes(s, run, "rollout"), "kv_cache": cache, "decode_weights": copies,
             "prefill|decode": max(prefill, step),
             "records": 3 * records_bytes(s, run)}  # last step's batch, the decode buffers, their cut copy
 
@@ -225,6 +267,15 @@ def plan(s: Shapes, run: Run, micro_batch: int) -> dict:
 def usable_bytes(total: float) -> float:
     """What the plan may fill of a GPU of ``total`` bytes."""
     return total * (1 - MARGIN)
+
+
+def choose_decode_merge(s: Shapes, run: Run, usable: float, requested: str = "auto") -> str:
+    """``requested`` (``TarpoConfig.decode_merge``), or for ``auto`` the first of all / attention / none whose
+    rollout fits in ``usable`` bytes (none, if none does: the micro-batch's choice then says what does not fit)."""
+    if requested != "auto" or run.engine != "compiled":
+        return "all" if requested == "auto" else requested
+    return next((m for m in ("all", "attention") if sum(rollout_bytes(s, replace(run, decode_merge=m)).values())
+                 <= usable), "none")
 
 
 def choose_micro_batch(s: Shapes, run: Run, per_process: int, usable: float, requested: int | None = None) -> dict:

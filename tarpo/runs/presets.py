@@ -188,7 +188,7 @@ VARIABLES = {
     "IS_CLIP_MIN": ("is_clip_min", _bound), "IS_CLIP_MAX": ("is_clip_max", _bound),
     "ENTROPY_SOFT_WHEN": ("entropy_soft_when", str), "REPORT_TO": ("report_to", _integrations),
     "TIME_SCORING": ("time_scoring", _bool), "SAVE_ON_SIGNALS": ("save_on_signals", _signals),
-    "MAX_NONFINITE_STEPS": ("max_nonfinite_steps", int),
+    "MAX_NONFINITE_STEPS": ("max_nonfinite_steps", int), "DECODE_MERGE": ("decode_merge", str),
 }
 # launcher settings (not TarpoConfig fields)
 SETTINGS = {

@@ -6,7 +6,8 @@ A launch whose identity differs from the folder's is refused, naming each differ
 (another RUN_NAME/OUT_DIR for a new run, or the folder's settings to resume it); a folder that holds training
 files but no record (a run of an earlier version) is refused too. What may change between launches of one run
 (:data:`MAY_CHANGE`): how long it trains and how often it saves, where it reports, how a step is split into
-micro-batches and processes, the rollout engine and backend, gradient checkpointing, evaluation settings.
+micro-batches and processes, the rollout engine and its decode weights, the backend, gradient checkpointing, the
+signals that stop it, its non-finite guard and timings, evaluation settings.
 
     >>> print(differences({"LORA_R": 4, "SEED": 0}, {"LORA_R": 8, "SEED": 0})[0])
     LORA_R=8 (the run folder's: 4)
@@ -27,6 +28,7 @@ IDENTITY_FILE = "run_identity.json"
 MAY_CHANGE = frozenset({
     "max_steps", "num_train_epochs", "save_steps", "report_to", "logging_steps", "output_dir", "rollout_engine",
     "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+    "decode_merge", "save_on_signals", "max_nonfinite_steps", "time_scoring",
 })
 # a folder holding any of these has trained
 TRAINING_FILES = ("adapter", "metrics.jsonl")
