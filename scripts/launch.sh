@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The one body of run_gsm8k.sh / run_math.sh / run_dapo.sh: every launcher variable, then tarpo.runs.launch for
-# the data set given as $1. A launcher (or the environment) sets any of these variables; an empty value
-# means the paper's value for the data set and MODEL (docs/algorithm.md §5; the values live in
-# tarpo/runs/presets.py and TarpoConfig; the comments below give what a variable means and takes, not its
-# default). DRY_RUN=1 prints the resolved configuration, every default included (its last line is one JSON
+# the data set given as $1. A launcher (or the environment) sets any of these variables; each launcher writes out
+# the paper's values of the ones the paper fixes (its generated block); an empty value means the paper's value for
+# the data set and MODEL (docs/algorithm.md §5; the values live in tarpo/runs/presets.py and TarpoConfig; the
+# comments below give what a variable means and takes, not its default). DRY_RUN=1 prints the resolved configuration, every default included (its last line is one JSON
 # object), and exits. A variable the launcher does not know would be ignored, so one that looks meant for it is
 # refused, naming the variable meant (tarpo.runs.presets.misspelt): a variable's name in another case or the
 # TarpoConfig field it sets (IMPORTANCE_SAMPLING_LEVEL: IS_LEVEL), a near spelling (difflib ratio >= 0.85:

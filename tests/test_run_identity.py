@@ -3,6 +3,7 @@ or other data is refused before anything loads, naming each difference and the t
 folder's files as they were; the same settings resume or say the run is finished."""
 
 import hashlib
+import re
 import json
 import os
 
@@ -73,4 +74,19 @@ def test_the_same_settings_find_the_run_finished(finished):
     before = tree_digest(root / "runs" / "run")
     res = launch("run_gsm8k.sh", **env)
     assert res.returncode == 0 and "run already finished at step 1" in res.stdout, res.stdout + res.stderr
+    assert tree_digest(root / "runs" / "run") == before
+
+
+def test_a_launcher_edited_after_the_run_is_refused_naming_the_edited_variable(finished, tmp_path):
+    """run_gsm8k.sh copied with BETA edited in its block (tarpo/runs/launcher_values.py), launched into the finished
+    run's folder: refused before anything loads, naming BETA with both values."""
+    from test_launcher_values import edited_copy, start
+
+    root, env = finished
+    before = tree_digest(root / "runs" / "run")
+    proc = start(edited_copy(tmp_path, "gsm8k", "BETA=${BETA:-0.005}", "BETA=${BETA:-0.01}"), **env)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "BETA=0.01 (the run folder's: 0.005)" in out, out[-3000:]
+    assert re.search(r"  BETA += 0\.01 +run_gsm8k\.sh \(paper: 0\.005\)", out), out[-3000:]
+    assert "memory plan" not in out
     assert tree_digest(root / "runs" / "run") == before

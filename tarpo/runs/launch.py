@@ -38,7 +38,8 @@ from ..atomic_files import write_json_atomic
 from ..algorithms import ROUTINGS
 from . import run_identity
 from .launch_config import LaunchConfig
-from .presets import resolve, variable_of
+from . import launcher_values
+from .presets import checked_variables, resolve, variable_of
 from .processes import (LAUNCHED, accelerate_prefix, check_processes, process_rank, run_command,
                         training_command)
 
@@ -301,7 +302,11 @@ def main(argv=None) -> int:
         return 2
     main_process, launched = process_rank() == 0, os.environ.get(LAUNCHED) == "1"
     try:
-        cfg = resolve(argv[0], dict(os.environ))  # a bad variable is refused before torch is imported
+        env = dict(os.environ)
+        checked_variables(argv[0], env)  # a bad variable is refused before torch is imported
+        if main_process and not launched:  # what the run uses, in the launcher's words, before the heavy imports
+            print(launcher_values.table(launcher_values.sources(argv[0], env)), flush=True)
+        cfg = resolve(argv[0], launcher_values.as_set(argv[0], env))  # the launcher's paper values: as if unset
         ident = run_identity.identity(cfg)
         run_identity.check(cfg, ident)  # a folder of another run is refused before anything loads
         import torch

@@ -264,9 +264,10 @@ def _parse(name, parser, raw):
         raise ValueError(f"{name}={raw!r}: {exc}") from None
 
 
-def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
-    """The full configuration of a launcher run; ``env`` maps variable names to strings
-    (empty or absent = the preset). Raises ``ValueError`` naming the bad variable."""
+def checked_variables(dataset: str, env: dict[str, str]) -> tuple[dict, dict, dict]:
+    """``env``'s launcher variables checked and parsed, without importing torch or TRL: ``(env, settings,
+    overrides)``, the set variables, the launcher's settings and TarpoConfig's fields they set. Raises
+    ``ValueError`` naming the bad variable."""
     if dataset not in DATASETS:
         raise ValueError(f"dataset {dataset!r}: known {', '.join(DATASETS)}")
     slips = misspelt(env)  # every one at once, before anything else is read
@@ -305,6 +306,15 @@ def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
                       ("SAVE_STEPS", "a checkpoint every SAVE_STEPS optimizer steps")):
         if name in env and overrides[VARIABLES[name][0]] < 1:  # TRL reads MAX_STEPS <= 0 as "train EPOCHS"
             raise ValueError(f"{name}={overrides[VARIABLES[name][0]]}: must be >= 1 ({why})")
+    return env, s, overrides
+
+
+def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
+    """The full configuration of a launcher run; ``env`` maps variable names to strings
+    (empty or absent = the preset). Raises ``ValueError`` naming the bad variable."""
+    env, s, overrides = checked_variables(dataset, env)
+    algo, model_key = s.get("ALGO", "tarpo"), s.get("MODEL", DEFAULT_MODEL)
+    preset, out_dir = MODELS.get(model_key.lower()), s.get("OUT_DIR", "runs")
     data = DATASETS[dataset]
     trainer = {**common(algo), **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
                **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")},
