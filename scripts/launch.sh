@@ -45,7 +45,7 @@ ENTROPY_TEMPERATURE=${ENTROPY_TEMPERATURE:-}  # ALGO=grpo_entropy: entropy of so
 ENTROPY_SOFT_WHEN=${ENTROPY_SOFT_WHEN:-}  # ALGO=grpo_entropy: high (soft above the threshold) | low (below)
 NOISE_SCALE=${NOISE_SCALE:-}       # ALGO=soft_tokens: noise std / rms(E)
 GUMBEL_TEMPERATURE=${GUMBEL_TEMPERATURE:-}  # ALGO=tarpo_gumbel: tau_g of the soft steps' Gumbel-softmax weights
-LOSS_TYPE=${LOSS_TYPE:-}           # grpo (the paper) | dapo | dr_grpo | bnpo | cispo | sapo (docs/algorithm.md §8)
+LOSS_TYPE=${LOSS_TYPE:-}           # grpo (the paper) | dapo | dr_grpo | bnpo | cispo | sapo | luspo | vespo (docs/algorithm.md §8)
 SCALE_REWARDS=${SCALE_REWARDS:-}   # group | batch | none
 IS_LEVEL=${IS_LEVEL:-}             # clipped ratio per step: token | sequence (GSPO)
 MASK_TRUNCATED=${MASK_TRUNCATED:-} # 1: completions cut at MAX_COMPLETION_LENGTH stay out of the loss

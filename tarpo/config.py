@@ -34,6 +34,7 @@ def sampling_problem(settings) -> tuple[str, str] | None:
     rules = {"temperature": (lambda v: v > 0, "must be > 0 (the log-probs are scored at this temperature)"),
              "top_k": (lambda v: v is not None and v >= 0, "must be >= 0 (0 disables top-k filtering)"),
              "top_p": (lambda v: 0.0 < v <= 1.0, "must be in (0, 1]"),
+             "min_p": (lambda v: v is None or 0.0 <= v <= 1.0, "must be in [0, 1] (or None: off)"),
              "soft_top_k": (lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1"),
              "entropy_threshold": (lambda v: v >= 0, "must be >= 0"),
              "entropy_soft_when": (lambda v: v in ENTROPY_SIDES, f"must be one of {', '.join(ENTROPY_SIDES)}"),
@@ -150,9 +151,10 @@ class TarpoConfig(GRPOConfig):
         default=None, metadata={"help": "Lower bound of the importance ratio (None: no lower bound)."})
     is_clip_max: float | None = field(
         default=3.0, metadata={"help": "Upper bound of the importance ratio (TRL's 3.0; None: no upper bound)."})
-    # ---- inherited fields pinned to what runs (PINNED above); any other value is refused ----
     use_bias_correction_kl: bool = field(
-        default=False, metadata={"help": f"Pinned: {PINNED['use_bias_correction_kl'][1]}."})
+        default=False, metadata={"help": "Weight the KL terms by the importance ratio (TRL's, True there; "
+                                         "DeepSeek-V3.2's unbiased KL gradient): the paper's KL is not weighted "
+                                         "(False). The token KL by pi's ratio, the action KL by rho's."})
     # ---- routing (docs/algorithm.md §1, §2 ablations, §3) ----
     routing: str = field(
         default="learned",
@@ -224,6 +226,10 @@ class TarpoConfig(GRPOConfig):
         default=1024, metadata={"help": "Positions per chunk when scoring log-probs and the full-vocabulary KL, "
                                         "so no full fp32 [B, T, V] tensor is ever held (docs/algorithm.md §2)."})
     # ---- LoRA (docs/algorithm.md §4, Table 6) ----
+    use_peft: bool = field(default=True, metadata={
+        "help": "Train a LoRA adapter (the lora_* fields; the paper's) when no peft_config is passed to the trainer; "
+                "False: full fine-tuning, whose reference, with beta > 0, is a frozen copy of the model loaded from "
+                "its path, as TRL's GRPOTrainer loads it. A peft_config passed to the trainer is used as given."})
     lora_r: int = field(default=32, metadata={"help": "LoRA rank. Paper: 32 (Table 6)."})
     lora_alpha: int = field(default=64, metadata={"help": "LoRA alpha. Paper: 64 (Table 6)."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout (0: policy and reference score "
@@ -324,6 +330,11 @@ class TarpoConfig(GRPOConfig):
         if self.hrpo_mixture not in HRPO_MIXTURES:
             bad("hrpo_mixture", f"must be one of {HRPO_MIXTURES}")
         self.validate_loss()
+        if set(self.generation_kwargs or {}) - {"min_p"}:
+            bad("generation_kwargs", "the hybrid decode loop serves min_p of generate()'s arguments; not "
+                                     f"{', '.join(sorted(set(self.generation_kwargs) - {'min_p'}))}")
+        if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+            bad("multi_objective_aggregation", "must be sum_then_normalize or normalize_then_sum")
         for name, (value, why) in PINNED.items():
             if getattr(self, name) != value:
                 bad(name, f"TarpoTrainer runs only {value!r}: {why}")

@@ -13,11 +13,13 @@ One signature each:
   log-probs [B, T], ``advantages`` [B], ``old_logp`` the log-probs the batch was sampled with (None: on-policy,
   one gradient step per batch, the ratio is 1 with the gradient of ``logp``), ``mask`` the term's steps (a
   sequence-level ratio is taken over them), ``level`` TRL's ``importance_sampling_level``, ``settings`` a
-  :class:`tarpo.training.objective.LossSettings` (its ``clip_eps``, ``clip_eps_high`` and SAPO temperatures);
+  :class:`tarpo.training.objective.LossSettings` (its ``clip_eps``, ``clip_eps_high``, ``delta``, SAPO temperatures
+  and VESPO's ``vespo`` = (k_pos, lambda_pos, k_neg, lambda_neg));
 - ``aggregate(total, mask, max_completion_length, num_units) -> scalar``: ``total`` the per-step losses, zero
   outside ``mask``; ``num_units`` the units of the whole generation batch per process and optimizer step.
 
-Imports torch only (tensor arithmetic, no model), so the configuration reads the table.
+Imports torch only (tensor arithmetic, no model; vespo's weights are TRL's function, imported when used), so the
+configuration reads the table.
 """
 
 from __future__ import annotations
@@ -40,25 +42,45 @@ def importance_ratio(logp, old_logp, level, mask):
 
 
 def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps_high=None, level="token",
-                         mask=None):
+                         mask=None, delta=None):
     """Per-step surrogate whose gradient is -A * grad log p.
 
     On-policy (``old_logp`` None, one gradient step per batch) and per step (``level="token"``) it is
     ``-logp * A``, the form of docs/algorithm.md §2. With several steps per batch it is PPO's clipped
     ratio form ``-min(r A, clip(r, 1-eps, 1+eps_high) A)`` with ``r`` of :func:`importance_ratio` (per step,
-    or with ``level="sequence"`` (GSPO, TRL's ``importance_sampling_level``) one ratio per row).
+    or with ``level="sequence"`` (GSPO, TRL's ``importance_sampling_level``) one ratio per row). ``delta`` (TRL's
+    two-sided clipping): the unclipped branch's ratio is capped at ``delta`` too, ``-min(min(r, delta) A, ...)``.
     """
     adv = advantages[:, None]
-    if old_logp is None and level == "token":
+    if old_logp is None and level == "token" and (delta is None or delta >= 1):
         return -logp * adv
     ratio = importance_ratio(logp, old_logp, level, mask)
     clipped = ratio.clamp(1 - clip_eps, 1 + (clip_eps if clip_eps_high is None else clip_eps_high))
+    if delta is not None:
+        ratio = ratio.clamp(max=delta)
     return -torch.min(ratio * adv, clipped * adv)
 
 
 def clipped_surrogate(logp, advantages, old_logp, mask, level, settings):
-    """grpo, bnpo, dr_grpo, dapo: :func:`policy_gradient_term` (PPO's clipped ratio; on-policy ``-log p A``)."""
-    return policy_gradient_term(logp, advantages, old_logp, settings.clip_eps, settings.clip_eps_high, level, mask)
+    """grpo, bnpo, dr_grpo, dapo, luspo: :func:`policy_gradient_term` (PPO's clipped ratio, TRL's two-sided
+    ``delta``; on-policy ``-log p A``)."""
+    return policy_gradient_term(logp, advantages, old_logp, settings.clip_eps, settings.clip_eps_high, level, mask,
+                                settings.delta)
+
+
+def vespo_weights(logp, advantages, old_logp, mask, settings):
+    """VESPO's ``phi(w) = e^lambda w^k e^(-lambda w)`` of each row's importance ratio ``w`` (the exp of the sum of
+    its steps' log-ratios), detached, ``k``/``lambda`` by the advantage's sign (``vespo_k_pos`` ...): TRL's
+    ``GRPOTrainer.get_gamma_weights`` itself; ``[B, 1]``."""
+    from trl import GRPOTrainer
+
+    log_ratio = (logp - (logp.detach() if old_logp is None else old_logp)).detach()
+    return GRPOTrainer.get_gamma_weights(advantages[:, None], log_ratio, mask.float(), None, *settings.vespo)
+
+
+def vespo_surrogate(logp, advantages, old_logp, mask, level, settings):
+    """VESPO (TRL's ``vespo``): ``-phi(w) A log p`` (:func:`vespo_weights`)."""
+    return -vespo_weights(logp, advantages, old_logp, mask, settings) * advantages[:, None] * logp
 
 
 def cispo_surrogate(logp, advantages, old_logp, mask, level, settings):
@@ -85,6 +107,11 @@ def sapo_surrogate(logp, advantages, old_logp, mask, level, settings):
 def per_trajectory(total, mask, max_completion_length, num_units):
     """Mean over rows of ``(1/T_i) sum_t`` (T_i = the row's units, hard + soft): the paper's Eq. 5."""
     return (total.sum(-1) / mask.sum(-1).clamp(min=1).float()).mean()
+
+
+def per_trajectory_sum(total, mask, max_completion_length, num_units):
+    """Mean over rows of ``sum_t`` (LUSPO: a row's loss is not divided by its length)."""
+    return total.sum(-1).mean()
 
 
 def per_batch_unit(total, mask, max_completion_length, num_units):
@@ -120,6 +147,10 @@ LOSSES = {t.name: t for t in (
                                                             "aggregated as dapo"),
     LossType("sapo", sapo_surrogate, per_trajectory, "-sigmoid(tau (r - 1)) 4/tau A (SAPO; tau: "
                                                      "sapo_temperature_pos/neg), aggregated as grpo"),
+    LossType("luspo", clipped_surrogate, per_trajectory_sum, "as grpo, a row's loss summed over its steps, not "
+                                                             "averaged (LUSPO)"),
+    LossType("vespo", vespo_surrogate, per_generation_unit, "-phi(w) A log p, phi a gamma weight of the row's "
+                                                            "ratio (VESPO; vespo_k/lambda_pos/neg), as dapo"),
 )}
 LOSS_TYPES = tuple(LOSSES)
 

@@ -12,35 +12,32 @@ from __future__ import annotations
 
 # Pinned: the only value that describes what runs; any other value is refused, naming the field.
 PINNED = {
-    # how the loss and the advantages are formed (tarpo.training.objective)
-    "multi_objective_aggregation": ("sum_then_normalize", "weighted rewards are summed, then normalised per group"),
-    "use_bias_correction_kl": (False, "the token KL is not weighted by an importance ratio"),
-    "delta": (None, "no two-sided clipping bound"),
-    "off_policy_mask_threshold": (None, "no off-policy sequence masking"),
-    "entropy_coef": (0.0, "no entropy bonus"),
-    "use_adaptive_entropy": (False, "no entropy bonus"),
-    "router_aux_loss_coef": (None, "no MoE auxiliary loss is added"),
-    "sync_ref_model": (False, "the reference is the base model with the adapter disabled, never synced"),
+    # how the loss is formed (tarpo.training.objective)
+    "use_adaptive_entropy": (False, "the entropy bonus is entropy_coef's, static: TRL's adaptive controller keeps "
+                                    "state across steps and checkpoints that this trainer does not save"),
+    "router_aux_loss_coef": (None, "no MoE auxiliary loss is added (Qwen2 and Llama, the models served, are dense)"),
     # how completions are generated (tarpo.engine.rollout)
     "use_vllm": (False, "the hybrid decode loop feeds soft inputs, which vLLM cannot"),
     "use_transformers_paged": (False, "the hybrid decode loop is not transformers' generate"),
     "use_transformers_continuous_batching": (False, "the hybrid decode loop is not transformers' generate"),
-    "min_p": (None, "the token policy's filters are top_k and top_p only (tarpo.engine.sampling)"),
-    "repetition_penalty": (1.0, "the token policy has no repetition penalty (tarpo.engine.sampling)"),
-    "generation_kwargs": (None, "the hybrid decode loop takes no generate() arguments"),
+    "repetition_penalty": (1.0, "the token policy has no repetition penalty: it would need each row's token history "
+                                "inside the compiled decode step (tarpo.engine.sampling)"),
     "cache_implementation": (None, "the rollout engines keep their own caches (eager: DynamicCache, compiled: "
                                    "a static cache of its own; rollout_engine)"),
-    "chat_template_kwargs": (None, "prompts are encoded by tarpo.tasks.prompts with the tokenizer's chat template"),
-    "pad_to_multiple_of": (None, "prompts and completions are not padded to a multiple"),
+    "pad_to_multiple_of": (None, "the compiled engine already sizes its cache in multiples of 64 and decodes a fixed "
+                                 "batch; the training forward reads the steps that ran"),
     "num_generations_eval": (None, "evaluation groups are num_generations completions, like training's"),
-    "cast_lm_head_to_fp32": (False, "logits are computed in the model's dtype and cast to fp32 after"),
-    "log_completions": (False, "the trainer logs its own metrics; TRL's completion tables stay empty"),
+    "cast_lm_head_to_fp32": (False, "the logits of the rollout and the training forward are computed alike, in the "
+                                    "weights' dtype; measured, fp32 logits on both sides do not reduce their drift "
+                                    "(docs/rollout-engines.md), and TRL's cast makes a tied embedding fp32, which "
+                                    "this trainer reads as the compute dtype"),
     # TrainingArguments fields that the Trainer applies in code this trainer replaces
     "label_smoothing_factor": (0.0, "the loss is tarpo_loss, not a cross-entropy on labels"),
     "neftune_noise_alpha": (None, "inputs are built from E directly, past the embedding module NEFTune hooks"),
     "include_num_input_tokens_seen": ("no", "the trainer counts prompt tokens and generated units itself "
                                             "(num_tokens); a rollout batch has no input_ids to count"),
-    "use_liger_kernel": (False, "log-probs come from tarpo.training.scoring and the loss from "
+    "use_liger_kernel": (False, "Liger's fused kernels compute TRL's loss from full logits; this trainer's log-probs "
+                                "come from its own chunks (tarpo.training.scoring) and its loss from "
                                 "tarpo.training.objective"),
     "torch_compile": (False, "the model is not compiled (torch_compile_backend or torch_compile_mode turn this on)"),
 }
@@ -50,10 +47,17 @@ HONOURED = {
     "model_init_kwargs", "trust_remote_code",            # TRL loads a model or reward model given by name
     "disable_dropout", "num_generations", "max_completion_length", "shuffle_dataset",
     "generation_batch_size", "steps_per_generation", "num_iterations",  # TRL's sampler and buffering
-    "temperature", "top_p", "top_k",                     # tarpo.engine.rollout / tarpo.training.scoring
+    "temperature", "top_p", "top_k", "min_p",            # tarpo.engine.rollout / tarpo.training.scoring
+    "generation_kwargs",                                 # its min_p (the one key served; others refused by name)
+    "chat_template_kwargs",                              # tarpo.tasks.prompts
     "beta", "epsilon", "epsilon_high", "reward_weights", "loss_type",  # tarpo.training.objective, reward plumbing
     "scale_rewards", "importance_sampling_level", "mask_truncated_completions",  # tarpo.training.objective
     "top_entropy_quantile", "sapo_temperature_neg", "sapo_temperature_pos",  # tarpo.training.objective, tarpo.losses
+    "multi_objective_aggregation", "delta", "off_policy_mask_threshold",  # tarpo.training.objective, as TRL's
+    "use_bias_correction_kl", "entropy_coef",            # ... for the router's terms too (docs/algorithm.md §8)
+    "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",  # loss_type vespo (tarpo.losses)
+    "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",  # TRL's: full fine-tuning (use_peft=False)
+    "log_completions", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",  # TRL's log
 }
 
 # Read only when a pinned field has another value, or in a mode this trainer never enters: no effect at any value.
@@ -64,14 +68,10 @@ INERT = {
         "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
         "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
         "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap")},
-    **{name: "read only for other loss_type values" for name in (
-        "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")},
     **{name: "read only with use_adaptive_entropy" for name in (
         "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")},
-    **{name: "read only with sync_ref_model" for name in ("ref_model_mixup_alpha", "ref_model_sync_steps")},
-    **{name: "read only with log_completions" for name in (
-        "log_multimodal", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo")},
     "transformers_continuous_batching_config": "read only with use_transformers_continuous_batching",
+    "log_multimodal": "read only for images, which no prompt of this trainer holds",
     "max_tool_calling_iterations": "read only with tools, which the trainer does not take",
     "ds3_gather_for_generation": "read only by TRL's generation under DeepSpeed ZeRO-3",
     # TrainingArguments fields

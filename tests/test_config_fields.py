@@ -27,16 +27,27 @@ GRPO_OWN = names(GRPOConfig) - names(TrainingArguments)
 
 # For each pinned field, a value a user might set that TRL and transformers accept.
 OTHER = {
-    "multi_objective_aggregation": "normalize_then_sum", "use_bias_correction_kl": True,
-    "delta": 1.5, "off_policy_mask_threshold": 0.5, "entropy_coef": 0.01,
-    "use_adaptive_entropy": True, "router_aux_loss_coef": 0.001, "sync_ref_model": True, "use_vllm": True,
-    "use_transformers_paged": True, "use_transformers_continuous_batching": True, "min_p": 0.05,
-    "repetition_penalty": 1.1, "generation_kwargs": {"do_sample": True}, "cache_implementation": "static",
-    "chat_template_kwargs": {"enable_thinking": False}, "pad_to_multiple_of": 8, "num_generations_eval": 2,
-    "cast_lm_head_to_fp32": True, "log_completions": True, "label_smoothing_factor": 0.1,
+    "use_adaptive_entropy": True, "router_aux_loss_coef": 0.001, "use_vllm": True,
+    "use_transformers_paged": True, "use_transformers_continuous_batching": True,
+    "repetition_penalty": 1.1, "cache_implementation": "static", "pad_to_multiple_of": 8, "num_generations_eval": 2,
+    "cast_lm_head_to_fp32": True, "label_smoothing_factor": 0.1,
     "neftune_noise_alpha": 5.0, "include_num_input_tokens_seen": "all", "use_liger_kernel": True,
     "torch_compile": True,
 }
+# the fields pinned before issue 57, honoured since (tests/test_trl_contract.py trains with each): the list is shorter
+HONOURED_SINCE = {"multi_objective_aggregation", "use_bias_correction_kl", "delta", "off_policy_mask_threshold",
+                  "entropy_coef", "sync_ref_model", "min_p", "generation_kwargs", "chat_template_kwargs",
+                  "log_completions"}
+
+
+def test_every_refusal_says_why_and_the_honoured_are_no_longer_refused():
+    assert HONOURED_SINCE <= HONOURED and not HONOURED_SINCE & set(PINNED)
+    assert all(len(why) > 30 for _, why in PINNED.values())  # a reason, not a word
+
+
+def test_a_generation_argument_the_decode_loop_does_not_serve_is_refused_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"^TarpoConfig\.generation_kwargs=.*serves min_p.*not do_sample"):
+        make_args(tmp_path, generation_kwargs={"min_p": 0.1, "do_sample": True})
 
 
 def test_every_field_of_grpo_config_is_honoured_pinned_or_inert():
@@ -94,7 +105,7 @@ def test_the_default_loss_type_and_scale_rewards_are_trls_grpo_and_group():
     torch.testing.assert_close(g_ours, g_trl)
 
 
-@pytest.mark.parametrize("name, value", [("loss_type", "vespo"), ("scale_rewards", "row"),
+@pytest.mark.parametrize("name, value", [("loss_type", "gspo"), ("scale_rewards", "row"),
                                          ("importance_sampling_level", "step"), ("is_correction", "token"),
                                          ("is_clip_max", 0.0), ("epsilon_high", -0.1), ("entropy_soft_when", "mid"),
                                          ("top_entropy_quantile", 1.5), ("top_entropy_quantile", -0.1),

@@ -23,6 +23,8 @@ def test_nothing_grows_from_step_2_to_step_6(tokenizer, tmp_path, engine, routin
     first = probe.taken[2]
     assert first["checkpointing"] == probe.taken[0]["checkpointing"]  # as the Trainer set it up, after rollouts
     assert first["hooks"] and first["tensors"]["count"] > 0
-    if engine == "compiled":
-        assert first["graphs"]["compiled_steps"] == 1
+    if engine == "compiled":  # the run's compiled step, one per device and backend (an earlier test of this worker
+        # may have made another backend's: count this one's)
+        from tarpo.engine import static_decode
+        assert ("cpu", static_decode.compile_backend()) in static_decode._COMPILED
     assert differences(first, probe.taken[6]) == {}

@@ -29,23 +29,31 @@ def batch(seed=0):
                 old=-torch.rand(B, T, generator=g) * 2, adv=torch.randn(B, generator=g), mask=mask)
 
 
+VESPO = dict(vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0)  # TRL's defaults
+
+
 def trl_loss(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_high=0.28, entropies=None,
-             quantile=1.0, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05):
+             quantile=1.0, sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, delta=None, bias_correction_kl=False,
+             off_policy_mask_threshold=None, entropy_coef=0.0):
     """TRL's own ``_compute_loss`` on an object that has what it reads; the log-probs (and the entropies) stand
     in for the model's."""
     entropies = torch.zeros_like(logp) if entropies is None else entropies
     fake = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp, entropies, None),
-        aux_loss_enabled=False, top_entropy_quantile=quantile, off_policy_mask_threshold=None,
+        aux_loss_enabled=False, top_entropy_quantile=quantile, off_policy_mask_threshold=off_policy_mask_threshold,
         importance_sampling_level=level, beta=beta, loss_type=loss_type, epsilon_low=eps, epsilon_high=eps_high,
-        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1,
-                             sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg),
+        args=SimpleNamespace(delta=delta, use_bias_correction_kl=bias_correction_kl, steps_per_generation=1,
+                             sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+                             **VESPO),
         use_vllm=False, vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1, max_completion_length=T, _entropy_bonus_enabled=False,
+        current_gradient_accumulation_steps=1, max_completion_length=T, _entropy_bonus_enabled=entropy_coef != 0,
+        entropy_coef=entropy_coef, use_adaptive_entropy=False,
         accelerator=SimpleNamespace(num_processes=1, gather=lambda x: x, reduce=lambda x, reduction: x,
-                                    gather_for_metrics=lambda x: x, pad_across_processes=lambda x, **k: x),
+                                    gather_for_metrics=lambda x: x, pad_across_processes=lambda x, **k: x,
+                                    sync_gradients=True),
         _metrics=defaultdict(lambda: defaultdict(list)))
     fake.get_high_entropy_mask = lambda *a: GRPOTrainer.get_high_entropy_mask(fake, *a)
+    fake.get_off_policy_mask, fake.get_gamma_weights = GRPOTrainer.get_off_policy_mask, GRPOTrainer.get_gamma_weights
     inputs = dict(prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.long),
                   completion_ids=torch.zeros(B, T, dtype=torch.long), completion_mask=mask.long(), advantages=adv,
                   num_items_in_batch=mask.sum().float(), ref_per_token_logps=ref)
@@ -54,13 +62,15 @@ def trl_loss(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_hig
     return GRPOTrainer._compute_loss(fake, None, inputs)
 
 
-def ours(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_high=0.28, entropy_mask=None, **kw):
+def ours(loss_type, level, logp, old, ref, adv, mask, beta, eps=0.2, eps_high=0.28, entropy_mask=None,
+         entropy=None, rows_kept=None, **kw):
     zeros = torch.zeros_like(logp)
     settings = LossSettings(lambda_act=0.5, beta=beta, alpha=1.0, use_router=False, clip_eps=eps,
                             clip_eps_high=eps_high, loss_type=loss_type, level=level, max_completion_length=T, **kw)
     return loss_of(settings, logp_tok=logp, logp_act=zeros, p_hard=torch.ones_like(logp), kl_tok=k3(logp, ref),
-                      kl_act=zeros, advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=mask,
-                      old_logp_tok=old, num_units=mask.sum().float(), entropy_mask=entropy_mask)[0]
+                   kl_act=zeros, advantages=adv, completion_mask=mask, is_soft=torch.zeros_like(mask), decided=mask,
+                   old_logp_tok=old, num_units=mask.sum().float(), entropy_mask=entropy_mask, entropy=entropy,
+                   rows_kept=rows_kept)[0]
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -78,6 +88,38 @@ def test_each_loss_type_equals_trls_for_hard_routing(loss_type, level, off_polic
     assert g_a.abs().sum() > 0
     if off_policy or level == "sequence":  # on-policy per step ours is -logp A (the paper's form), TRL's -r A
         torch.testing.assert_close(a, t)
+
+
+OPTIONS = {  # TRL's loss options (issue 57): each as its GRPOConfig field and our LossSettings field
+    "delta": (dict(delta=1.5), dict(delta=1.5)),
+    "use_bias_correction_kl": (dict(bias_correction_kl=True), dict(bias_correction_kl=True)),
+    "off_policy_mask_threshold": (dict(off_policy_mask_threshold=0.05), dict(off_policy_mask_threshold=0.05)),
+    "entropy_coef": (dict(entropy_coef=0.1), dict(entropy_coef=0.1)),
+}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "luspo"])
+def test_trls_loss_options_equal_trls_for_hard_routing(option, loss_type):
+    """delta (two-sided clipping), use_bias_correction_kl, off_policy_mask_threshold (TRL's own mask function) and
+    entropy_coef, off-policy (a reused batch), against TRL's _compute_loss: the same loss and gradient."""
+    b = batch(5)
+    trl_kw, our_kw = OPTIONS[option]
+    old = b["logp"] - (torch.rand(B, T, generator=torch.Generator().manual_seed(6)) - 0.5) * 2.4  # e^-1.2 .. e^1.2
+    entropy = torch.rand(B, T, generator=torch.Generator().manual_seed(7)) * 3
+    logp_a, logp_b = b["logp"].clone().requires_grad_(True), b["logp"].clone().requires_grad_(True)
+    kept = None
+    if option == "off_policy_mask_threshold":
+        kept = GRPOTrainer.get_off_policy_mask(b["adv"][:, None], logp_a, old, b["mask"].float(), 0.05)
+        assert 0 < kept.sum() < B  # some rows dropped, some kept
+    a = ours(loss_type, "token", logp_a, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropy=entropy,
+             rows_kept=kept, **our_kw)
+    t = trl_loss(loss_type, "token", logp_b, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropies=entropy,
+                 **trl_kw)
+    torch.testing.assert_close(a, t)
+    torch.testing.assert_close(torch.autograd.grad(a, logp_a)[0], torch.autograd.grad(t, logp_b)[0])
+    plain = trl_loss(loss_type, "token", b["logp"], old, b["ref"], b["adv"], b["mask"], beta=0.04, entropies=entropy)
+    assert not torch.allclose(t, plain)  # the option changes the loss here: the comparison means something
 
 
 def test_clip_higher_clips_above_at_epsilon_high():
@@ -109,7 +151,8 @@ def test_the_router_term_is_aggregated_like_the_token_term(loss_type):
     sapo0, sapo1 = -2.0 * 1.0 * 2, -(2.0 / 1.05) * -2.0  # on-policy -f(1) A = -(4/tau) sigmoid(0) A per step
     expected = {"grpo": (row0 / 4 + row1 / 2) / 2, "bnpo": (row0 + row1) / 6, "dr_grpo": (row0 + row1) / (2 * 8),
                 "dapo": (row0 + row1) / 3.0, "cispo": 0.2 * (row0 + row1) / 3.0,  # min(r = 1, eps_high = 0.2)
-                "sapo": (sapo0 / 4 + sapo1 / 2) / 2}[loss_type]
+                "sapo": (sapo0 / 4 + sapo1 / 2) / 2, "luspo": (row0 + row1) / 2,  # rows' sums, their mean
+                "vespo": (row0 + row1) / 3.0}[loss_type]  # on-policy phi(w = 1) = e^l 1^k e^-l = 1: dapo's
     torch.testing.assert_close(terms["loss_act"], torch.tensor(expected))
 
 
@@ -213,10 +256,10 @@ def test_the_registry_owns_the_loss_types_and_refuses_an_unknown_one_naming_loss
     from tarpo.config import TarpoConfig
 
     assert config.LOSS_TYPES is losses.LOSS_TYPES == tuple(losses.LOSSES)
-    assert set(LOSS_TYPES) == {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"}
-    for make in (lambda: losses.loss_variant("vespo"), lambda: LossSettings(0.1, 0.0, 1.0, loss_type="vespo")):
-        with pytest.raises(ValueError, match=r"^loss_type='vespo': must be one of grpo, dapo, dr_grpo, bnpo, cispo, "
-                                             r"sapo$"):
+    assert set(LOSS_TYPES) == {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}
+    for make in (lambda: losses.loss_variant("gspo"), lambda: LossSettings(0.1, 0.0, 1.0, loss_type="gspo")):
+        with pytest.raises(ValueError, match=r"^loss_type='gspo': must be one of grpo, dapo, dr_grpo, bnpo, cispo, "
+                                             r"sapo, luspo, vespo$"):
             make()
     help_text = TarpoConfig.__dataclass_fields__["loss_type"].metadata["help"]
     assert all(f"'{name}'" in help_text for name in LOSS_TYPES)

@@ -64,7 +64,7 @@ def perturb(trainer, seed=123):
         for name, p in sorted(trainer.model.named_parameters()):
             if "lora_B" in name:
                 p.add_(torch.randn(p.shape, generator=g) * 0.2)
-        for p in trainer.router.parameters():
+        for p in (trainer.router.parameters() if trainer.router is not None else ()):  # routings without one: none
             p.add_(torch.randn(p.shape, generator=g) * 0.5)
 
 

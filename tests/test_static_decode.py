@@ -93,7 +93,7 @@ def assert_same(eager, compiled):
 ROUTINGS = [
     ("learned", {}), ("learned", {"router_greedy": True, "top_k": 20, "top_p": 0.9}), ("hard", {}), ("soft", {}),
     ("entropy", {"entropy_threshold": 2.0}), ("hrpo", {}), ("hrpo", {"mixture": "top_k"}), ("soft_tokens", {}),
-    ("learned", {"greedy": True}), ("learned_gumbel", {}),
+    ("learned", {"greedy": True}), ("learned_gumbel", {}), ("learned", {"min_p": 0.05}),
 ]
 
 

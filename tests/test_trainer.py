@@ -54,15 +54,14 @@ def test_optimizer_is_8bit_adamw_on_cpu(tokenizer, tmp_path):
 
 
 @pytest.mark.parametrize("routing", ["hard", "soft", "entropy"])
-def test_other_routings_train_lora_and_leave_router_untouched(tokenizer, tmp_path, routing):
+def test_other_routings_train_lora_and_have_no_router(tokenizer, tmp_path, routing):
     from tarpo.models.tiny import tiny_causal_lm
     args = make_args(tmp_path, routing=routing, max_steps=2)
     trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer), reward_funcs=letter_reward, args=args,
                            train_dataset=make_dataset(), processing_class=tokenizer)
-    w = trainer.router.proj.weight.detach().clone()
+    assert trainer.router is None and trainer.ref_router is None  # a routing without a router attaches none
     trainer.train()
-    # exact: the router is not trained with this routing, never written
-    assert torch.equal(trainer.router.proj.weight, w)
+    assert not any("tarpo_router" in n for n, _ in trainer.model.named_parameters())
     logs = [h for h in trainer.state.log_history if "loss" in h]
     # exact: without a router the action terms are sums of zeros
     assert all(h["loss_act"] == 0 and h["kl_act"] == 0 for h in logs)

@@ -53,6 +53,7 @@ class RolloutSpec:
     temperature: float = default("temperature")
     top_k: int = default("top_k")
     top_p: float = default("top_p")
+    min_p: float | None = default("min_p")  # TRL's: a token under min_p x the top one's probability is not drawn
     soft_top_k: int = default("soft_top_k")
     routing: str = default("routing")
     entropy_threshold: float = default("entropy_threshold")
@@ -85,6 +86,7 @@ class RolloutSpec:
         kwargs["max_new_tokens"] = config.max_completion_length
         kwargs["engine"] = config.rollout_engine
         kwargs["decode_merge"] = "all" if config.decode_merge == "auto" else config.decode_merge  # no plan: the most
+        kwargs["min_p"] = (getattr(config, "generation_kwargs", None) or {}).get("min_p", config.min_p)  # TRL's way
         kwargs.update(overrides)
         return cls(**kwargs)
 

@@ -1,6 +1,6 @@
 """The token policy pi(.|s_t) = softmax(filter(z_t / T_s)) of docs/algorithm.md §1.
 
-Filters run in the order of transformers' sampling (temperature, top-k, top-p) and
+Filters run in the order of transformers' sampling (temperature, top-k, top-p, min-p) and
 with the same arithmetic, so routing ``hard`` reproduces ``model.generate`` token for
 token under a fixed seed. Every filter is explicit: ``top_k=0`` and ``top_p=1.0`` are
 "off"; nothing falls back to a library default.
@@ -19,11 +19,15 @@ from __future__ import annotations
 import torch
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Tempered logits with the top-k / top-p tail set to -inf.
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                  min_p: float | None = None) -> torch.Tensor:
+    """Tempered logits with the top-k / top-p / min-p tail set to -inf (min-p, TRL's ``min_p``: a token whose
+    probability is under ``min_p`` times the top one's, as transformers' ``MinPLogitsWarper``).
 
     >>> filter_logits(torch.tensor([[2.0, 1.0, 0.0]]), 0.5, top_k=2)
     tensor([[4., 2., -inf]])
+    >>> filter_logits(torch.tensor([[2.0, 1.0, 0.0]]), 1.0, min_p=0.3)   # e^-1 = 0.37 >= 0.3, e^-2 = 0.14 < 0.3
+    tensor([[2., 1., -inf]])
     """
     scores = logits / temperature
     if top_k and top_k < scores.shape[-1]:
@@ -36,6 +40,9 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
         drop_sorted[..., -1:] = False  # always keep the most likely token
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
+    if min_p:
+        probs = scores.softmax(dim=-1)
+        scores = scores.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     return scores
 
 

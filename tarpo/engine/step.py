@@ -121,7 +121,7 @@ def hybrid_step(ctx: DecodeContext, hidden, state: dict, t, keys) -> StepOut:
     """
     spec, alive = ctx.spec, state["alive"]
     logits = ctx.backbone.logits(hidden).float()
-    filtered = filter_logits(logits, spec.temperature, spec.top_k, spec.top_p)
+    filtered = filter_logits(logits, spec.temperature, spec.top_k, spec.top_p, spec.min_p)
     tokens = _draw_token(ctx, filtered, t, keys)
     scaled = logits / spec.temperature
     logp_all, entropy = logprobs_and_entropy(scaled)

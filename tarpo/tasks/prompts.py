@@ -14,20 +14,22 @@ from __future__ import annotations
 import torch
 
 
-def _chat_ids(tokenizer, messages) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def _chat_ids(tokenizer, messages, template_kwargs=None) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **(template_kwargs or {}))
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def prompt_ids(tokenizer, prompt, max_length: int, row: int = 0) -> tuple[list[int], bool]:
-    """``(ids, cut)`` of one prompt, at most ``max_length`` ids (see the module docstring)."""
+def prompt_ids(tokenizer, prompt, max_length: int, row: int = 0, template_kwargs=None) -> tuple[list[int], bool]:
+    """``(ids, cut)`` of one prompt, at most ``max_length`` ids (see the module docstring); ``template_kwargs``: more
+    arguments of the chat template (TRL's ``chat_template_kwargs``, e.g. ``enable_thinking``)."""
     if isinstance(prompt, str):
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return ids[-max_length:], len(ids) > max_length
     if not isinstance(prompt, list):
         raise ValueError(f"prompt of row {row} must be a string or a list of chat messages, got "
                          f"{type(prompt).__name__}")
-    ids = _chat_ids(tokenizer, prompt)
+    ids = _chat_ids(tokenizer, prompt, template_kwargs)
     if len(ids) <= max_length:
         return ids, False
     last = max((i for i, m in enumerate(prompt) if m.get("role") == "user"), default=None)
@@ -38,7 +40,8 @@ def prompt_ids(tokenizer, prompt, max_length: int, row: int = 0) -> tuple[list[i
     keep = len(content) - (len(ids) - max_length)
     while True:
         text = tokenizer.decode(content[len(content) - keep:]) if keep > 0 else ""
-        ids = _chat_ids(tokenizer, [*prompt[:last], {**prompt[last], "content": text}, *prompt[last + 1:]])
+        ids = _chat_ids(tokenizer, [*prompt[:last], {**prompt[last], "content": text}, *prompt[last + 1:]],
+                        template_kwargs)
         if len(ids) <= max_length:
             return ids, True
         if keep <= 0:
@@ -47,7 +50,7 @@ def prompt_ids(tokenizer, prompt, max_length: int, row: int = 0) -> tuple[list[i
         keep -= len(ids) - max_length  # re-tokenising the cut text can shift the count by a few tokens
 
 
-def encode_prompts(tokenizer, prompts, max_length: int, device=None):
+def encode_prompts(tokenizer, prompts, max_length: int, device=None, template_kwargs=None):
     """Tokenise and left-pad a batch of prompts. Returns ``(ids, mask, n_cut)``.
 
     >>> from tarpo.models.tiny import char_tokenizer
@@ -58,7 +61,7 @@ def encode_prompts(tokenizer, prompts, max_length: int, device=None):
     """
     rows, n_cut = [], 0
     for i, prompt in enumerate(prompts):
-        ids, cut = prompt_ids(tokenizer, prompt, max_length, i)
+        ids, cut = prompt_ids(tokenizer, prompt, max_length, i, template_kwargs)
         rows.append(ids)
         n_cut += cut
     width = max(len(r) for r in rows)
@@ -71,10 +74,10 @@ def encode_prompts(tokenizer, prompts, max_length: int, device=None):
     return ids.to(device), mask.to(device), n_cut
 
 
-def count_too_long(tokenizer, prompts, max_length: int) -> int:
+def count_too_long(tokenizer, prompts, max_length: int, template_kwargs=None) -> int:
     """How many prompts are longer than ``max_length`` tokens before cutting (any that cannot be
     cut to fit raise ``ValueError`` here, before training starts)."""
     n = 0
     for i, prompt in enumerate(prompts):
-        n += prompt_ids(tokenizer, prompt, max_length, i)[1]
+        n += prompt_ids(tokenizer, prompt, max_length, i, template_kwargs)[1]
     return n

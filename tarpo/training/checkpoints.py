@@ -313,22 +313,26 @@ def save_heads(directory: str, router, ref_router, gate, write: bool) -> None:
     ``directory`` (``write``: this is the process that writes). Every process calls it: under FSDP2 the router and
     the gate are gathered first."""
     from . import sharding
-    router_state = sharding.whole_state_dict(router)
+    router_state = sharding.whole_state_dict(router) if router is not None else None
     gate_state = sharding.whole_state_dict(gate) if gate is not None else None
     if write:
-        router.save(directory, router_state)
-        ref_router.save(os.path.join(directory, REF_ROUTER_DIR))
+        if router is not None:  # a routing without a router (GRPO) saves none
+            router.save(directory, router_state)
+            ref_router.save(os.path.join(directory, REF_ROUTER_DIR))
         if gate is not None:
             gate.save(directory, gate_state)
 
 
 def load_heads(checkpoint: str, router, gate, device):
     """The router and the soft input's trained parameters (``gate``: HRPO's) of ``checkpoint`` loaded into
-    ``router`` and ``gate`` (sharded or not); returns its frozen reference router on ``device``."""
+    ``router`` and ``gate`` (sharded or not; None: the routing has none); returns its frozen reference router on
+    ``device`` (None without a router)."""
     from ..engine.soft_input import soft_input_class
     from ..engine.router import Router
     from . import sharding
-    sharding.load_whole(router, Router.load(checkpoint).state_dict())
     if gate is not None:
         sharding.load_whole(gate, soft_input_class(gate.name).load(checkpoint).state_dict())
+    if router is None:  # a routing without a router
+        return None
+    sharding.load_whole(router, Router.load(checkpoint).state_dict())
     return Router.load(os.path.join(checkpoint, REF_ROUTER_DIR), device=device).requires_grad_(False)

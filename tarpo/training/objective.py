@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from ..config import IS_CORRECTIONS, SCALE_REWARDS, default
-from ..losses import LOSSES, loss_variant
+from ..losses import LOSSES, importance_ratio, loss_variant
 from ..algorithms import ROUTINGS
+from .metrics import logp_drift
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, scale: str = "group") -> torch.Tensor:
@@ -42,6 +43,34 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, 
     else:
         std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centred)
     return (centred / (std + eps)).view(-1)
+
+
+def reward_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, group_size: int, eps: float,
+                      scale: str, aggregation: str = "sum_then_normalize") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rewards, advantages)`` of the reward functions' rewards [N, K] (NaN: a function that did not score a row)
+    weighted by ``weights`` [K], as TRL's ``multi_objective_aggregation`` combines them. ``rewards``: the weighted
+    sum (NaN as 0), what is logged. ``"sum_then_normalize"`` (the paper): :func:`group_advantages` of that sum;
+    ``"normalize_then_sum"`` (GDPO): each function's rewards normalised within its group, ``(r - mean) / (std +
+    1e-4)``, summed with the weights, then normalised over the batch: TRL's formulas, with TRL's ``nanstd``.
+
+    Two groups of two, two functions: the first gives 1, 0 in each group (normalised +-0.7071), the second is constant
+    in each (normalised 0); the sums +-0.7071 over their standard deviation 0.8165 give +-0.866:
+
+    >>> r = torch.tensor([[1., 0.], [0., 0.], [1., 10.], [0., 10.]])
+    >>> [round(x, 3) for x in reward_advantages(r, torch.ones(2), 2, 1e-4, "group", "normalize_then_sum")[1].tolist()]
+    [0.866, -0.866, 0.866, -0.866]
+    """
+    rewards = torch.nan_to_num((rewards_per_func * weights[None]).nansum(1), nan=0.0)
+    if aggregation == "sum_then_normalize":
+        return rewards, group_advantages(rewards, group_size, eps, scale)
+    from trl.trainer.utils import nanstd
+
+    grouped = rewards_per_func.float().view(-1, group_size, rewards_per_func.shape[1])
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean_k)
+    summed = (((grouped - mean_k) / (std_k + 1e-4)).view(-1, grouped.shape[-1]) * weights[None]).nansum(dim=1)
+    std = nanstd(summed) if summed.numel() > 1 else torch.zeros_like(summed)
+    return rewards, torch.nan_to_num((summed - torch.nanmean(summed)) / (std + 1e-4), nan=0.0)
 
 
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -115,6 +144,12 @@ class LossSettings:
     is_clip_max: float | None = None
     off_policy: bool = False               # a batch reused after optimizer steps: ratios to the rollout's log-probs
     mask_truncated_completions: bool = False  # only the steps of completions that ended (loss_mask)
+    # TRL's options of its loss, computed as TRL computes them (docs/algorithm.md §8, "TRL's loss options")
+    delta: float | None = None             # two-sided clipping: the unclipped ratio capped at delta too
+    vespo: tuple = (2.0, 3.0, 3.0, 2.0)    # loss_type vespo: k_pos, lambda_pos, k_neg, lambda_neg
+    entropy_coef: float = 0.0              # entropy bonus: loss - coef * mean entropy of the token distribution
+    bias_correction_kl: bool = False       # the KL terms weighted by the importance ratio (use_bias_correction_kl)
+    off_policy_mask_threshold: float | None = None  # rows with A < 0 whose mean KL(rollout || now) is above: dropped
 
     def __post_init__(self):
         loss_variant(self.loss_type)
@@ -135,7 +170,10 @@ class LossSettings:
                    sapo_temperature_neg=args.sapo_temperature_neg, max_completion_length=args.max_completion_length,
                    top_entropy_quantile=args.top_entropy_quantile, is_correction=args.is_correction,
                    is_clip_min=args.is_clip_min, is_clip_max=args.is_clip_max, off_policy=args.off_policy,
-                   mask_truncated_completions=args.mask_truncated_completions)
+                   mask_truncated_completions=args.mask_truncated_completions, delta=args.delta,
+                   vespo=(args.vespo_k_pos, args.vespo_lambda_pos, args.vespo_k_neg, args.vespo_lambda_neg),
+                   entropy_coef=args.entropy_coef, bias_correction_kl=args.use_bias_correction_kl,
+                   off_policy_mask_threshold=args.off_policy_mask_threshold)
 
 
 @dataclass
@@ -152,6 +190,7 @@ class LossBatch:
     num_units: float | None = None         # units of the whole generation batch (the "dapo" / "bnpo" divisor)
     is_weights: tuple | None = None        # (token, router) mismatch weights [B, T], detached (mismatch_weights)
     entropy_mask: torch.Tensor | None = None  # the token term's steps (high_entropy_mask)
+    rows_kept: torch.Tensor | None = None  # [B, 1]: 0 for a row the off-policy mask drops (off_policy_mask_threshold)
 
 
 def loss_mask(settings: LossSettings, rollout) -> torch.Tensor:
@@ -263,6 +302,10 @@ def tarpo_loss(settings: LossSettings, scores, batch: LossBatch) -> tuple[torch.
     the action taken, ``p_hard``, ``kl_tok`` the per-step token KL (k3 or full), ``kl_act`` the per-step
     KL(rho || rho_ref), ``logp_soft_input``; ``batch`` (:class:`LossBatch`) the rest. Returns the scalar loss and
     its per-term means (detached).
+
+    TRL's options, as TRL computes them for its token term, here for the router term too: ``batch.rows_kept`` (the
+    off-policy sequence mask) multiplies both policy-gradient terms; ``bias_correction_kl`` weights the token KL by
+    pi's ratio, the action KL by rho's; ``entropy_coef`` subtracts ``coef`` x the mean entropy over the loss's steps.
     """
     b, variant = batch, settings.variant
     mask, advantages = b.completion_mask, b.advantages
@@ -282,19 +325,30 @@ def tarpo_loss(settings: LossSettings, scores, batch: LossBatch) -> tuple[torch.
         per_tok = per_tok + variant.surrogate(scores.logp_soft_input, advantages, None, soft, "token", settings) * soft
     if b.entropy_mask is not None:
         per_tok = per_tok * b.entropy_mask
+    kept = b.rows_kept if b.rows_kept is not None else 1.0
+    per_tok = per_tok * kept
     ones = torch.ones_like(scores.logp_tok)
     per_act = per_kl_act = torch.zeros_like(scores.logp_tok)
     delta = ones
     if settings.use_router:
         pg_act = variant.surrogate(scores.logp_act, advantages, b.old_logp_act, thinking, settings.level, settings)
-        per_act = pg_act * w_act * thinking
+        per_act = pg_act * w_act * thinking * kept
         delta = torch.where(thinking, scores.p_hard.detach() if settings.detach_kl_weight else scores.p_hard, ones)
         per_kl_act = scores.kl_act * thinking
+        if settings.bias_correction_kl:
+            per_kl_act = per_kl_act * importance_ratio(scores.logp_act, b.old_logp_act, settings.level, thinking)
+    kl_tok = scores.kl_tok
+    if settings.bias_correction_kl:
+        kl_tok = kl_tok * importance_ratio(scores.logp_tok, b.old_logp_tok, settings.level, mask)
     l_tok, l_act = total(per_tok), total(per_act)
-    kl_tok_sum, kl_act_sum = total(delta * scores.kl_tok), total(per_kl_act)
+    kl_tok_sum, kl_act_sum = total(delta * kl_tok), total(per_kl_act)
     l_kl = kl_tok_sum + settings.alpha * kl_act_sum
     loss = l_tok + settings.lambda_act * l_act + settings.beta * l_kl
     terms = {"loss_tok": l_tok, "loss_act": l_act, "loss_kl": l_kl, "kl_tok": kl_tok_sum, "kl_act": kl_act_sum}
+    if settings.entropy_coef:
+        steps = mask if b.entropy_mask is None else mask & b.entropy_mask.bool()
+        terms["entropy_bonus"] = (scores.entropy * steps).sum() / steps.sum().clamp(min=1)
+        loss = loss - settings.entropy_coef * terms["entropy_bonus"]
     return loss, {k: v.detach() for k, v in terms.items()}
 
 
@@ -314,8 +368,8 @@ def rollout_loss(settings: LossSettings, scores, rollout, advantages: torch.Tens
 
     Returns the loss and its terms: :func:`tarpo_loss`'s, the importance-sampling statistics
     (``importance_sampling/*``) and the drift of this forward's log-probs of the rollout's tokens from the
-    rollout's own (:func:`logp_drift`: mean and tails; about 0 on-policy, numerics only; it grows as a batch is
-    reused).
+    rollout's own (:func:`tarpo.training.metrics.logp_drift`: mean and tails; about 0 on-policy, numerics only; it
+    grows as a batch is reused).
     """
     mask = loss_mask(settings, rollout)
     # log rho of the routing action the rollout took, from its recorded p_soft
@@ -330,34 +384,17 @@ def rollout_loss(settings: LossSettings, scores, rollout, advantages: torch.Tens
                  (scores.logp_act, rollout_act, mask & rollout.decided & settings.use_router)]
         weights, is_stats = mismatch_weights(pairs, settings.is_correction, settings.is_clip_min, settings.is_clip_max)
         batch.is_weights = tuple(weights)
-    if scores.entropy is not None:  # the same threshold on every process
+    if settings.top_entropy_quantile < 1.0:  # the same threshold on every process
         batch.entropy_mask = high_entropy_mask(scores.entropy, mask, settings.top_entropy_quantile, gather)
+    if settings.off_policy_mask_threshold is not None:  # TRL's off-policy sequence mask (DeepSeek-V3.2), its function
+        from trl import GRPOTrainer
+        steps = steps_fed_their_token(settings, mask, rollout.is_soft).float()
+        batch.rows_kept = GRPOTrainer.get_off_policy_mask(advantages[:, None], scores.logp_tok, rollout.logp, steps,
+                                                          settings.off_policy_mask_threshold)
     loss, terms = tarpo_loss(settings, scores, batch)
     terms.update({f"importance_sampling/{k}": v for k, v in is_stats.items()})
-    terms.update(logp_drift(scores.logp_tok.detach(), rollout.logp, rollout.completion_mask))
+    terms.update(logp_drift(scores.logp_tok.detach(), rollout.logp, rollout.completion_mask))  # (.metrics)
+    if settings.beta:  # TRL's "kl": the per-step token KL, its mean over the completion steps
+        steps = rollout.completion_mask
+        terms["kl"] = (scores.kl_tok.detach() * steps).sum() / steps.sum().clamp(min=1)
     return loss, terms
-
-
-DRIFT_OVER = 0.1  # |delta log p| counted by ``logp_drift_frac_over_0.1``
-
-
-def logp_drift(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """How far this forward's log-probs of the rollout's tokens (``logp`` [B, T]) are from the rollout's own
-    (``rollout_logp``), over the completion steps (``mask``): ``logp_drift`` the mean |delta|, ``logp_drift_p99``
-    its 99th percentile, ``logp_drift_max`` its maximum and ``logp_drift_frac_over_0.1`` the fraction of steps over
-    :data:`DRIFT_OVER`. On-policy the drift is numerics only (bf16 rounding, kernels that differ between the decode
-    step and the training forward); a tail far above the mean is where a mismatch correction acts. Computed on the
-    device without a host synchronisation (NaN marks the steps outside ``mask`` for the percentile).
-
-    >>> logp = torch.tensor([[-1.0, -2.0, -3.0]])
-    >>> d = logp_drift(logp, logp + torch.tensor([[0.0, 0.2, 9.0]]), torch.tensor([[True, True, False]]))
-    >>> {k: round(v.item(), 4) for k, v in d.items()}
-    {'logp_drift': 0.1, 'logp_drift_p99': 0.198, 'logp_drift_max': 0.2, 'logp_drift_frac_over_0.1': 0.5}
-    """
-    diff = (logp - rollout_logp).abs()
-    count = mask.sum().clamp(min=1)
-    inside = torch.where(mask, diff, 0.0)
-    return {"logp_drift": inside.sum() / count,
-            "logp_drift_p99": torch.nanquantile(torch.where(mask, diff, float("nan")).flatten(), 0.99),
-            "logp_drift_max": inside.max(),
-            f"logp_drift_frac_over_{DRIFT_OVER:g}": ((diff > DRIFT_OVER) & mask).sum() / count}

@@ -7,8 +7,9 @@ def parameter_groups(model, router, gate, args) -> list[dict]:
     """The trainable parameters of ``model`` in groups: LoRA at ``learning_rate`` with ``weight_decay``;
     the router at ``router_lr`` without weight decay (its bias is the soft-rate prior b0, which decay
     would erode); HRPO's gate as HRPO's optimizer groups it, W_r and W_i at ``hrpo_lr`` and Lambda at
-    ``hrpo_lambda_lr``, both with the weight decay. Empty groups are left out."""
-    router_ids = {id(p) for p in router.parameters()}
+    ``hrpo_lambda_lr``, both with the weight decay. Empty groups are left out; ``router`` and ``gate`` may be
+    None (a routing without them)."""
+    router_ids = {id(p) for p in router.parameters()} if router is not None else set()
     gate_ids = {id(p) for p in gate.parameters()} if gate is not None else set()
     lam_ids = {id(gate.lam)} if gate is not None else set()
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -14,6 +14,7 @@ its autograd buffers ever exist at once.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -71,10 +72,10 @@ def _logp_chunk(head, hidden, targets, temperature, with_entropy=False):
         return logp, lse - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
-def _full_kl_chunk(head, hidden, ref_hidden, temperature):
+def _full_kl_chunk(head, hidden, ref_hidden, temperature, ref_head=None):
     logp = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
     with torch.no_grad():
-        ref_logp = torch.log_softmax(head(ref_hidden).float() / temperature, dim=-1)
+        ref_logp = torch.log_softmax((ref_head or head)(ref_hidden).float() / temperature, dim=-1)
     return kl_divergence(logp, ref_logp)
 
 
@@ -122,10 +123,11 @@ def token_logprobs(head, hidden, targets, mask, temperature, chunk_size, with_en
     return out, entropy
 
 
-def full_token_kl(head, hidden, ref_hidden, mask, temperature, chunk_size) -> torch.Tensor:
-    """Exact KL(pi_theta || pi_ref) over the vocabulary per masked step; [B, T] fp32."""
+def full_token_kl(head, hidden, ref_hidden, mask, temperature, chunk_size, ref_head=None) -> torch.Tensor:
+    """Exact KL(pi_theta || pi_ref) over the vocabulary per masked step; [B, T] fp32 (``ref_head``: the reference's
+    head where it has one of its own)."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
-    out[mask] = _chunked(lambda h, r: _full_kl_chunk(head, h, r, temperature), chunk_size,
+    out[mask] = _chunked(lambda h, r: _full_kl_chunk(head, h, r, temperature, ref_head), chunk_size,
                          hidden[mask], ref_hidden[mask])
     return out
 
@@ -139,21 +141,22 @@ class ScoreSettings:
     use_router: bool            # the router's log-probs and p_hard (the learned routings)
     with_reference: bool        # the reference's KL terms (beta != 0)
     token_kl: str = "k3"        # the token KL: "k3" of the sampled token, or "full" over the vocabulary
-    with_entropy: bool = False  # the token distribution's entropy at every step (top_entropy_quantile < 1)
+    with_entropy: bool = False  # the token distribution's entropy at every step (top_entropy_quantile, entropy_coef)
 
     @classmethod
     def of(cls, args) -> "ScoreSettings":
         return cls(temperature=args.temperature, chunk_size=args.logprob_chunk_size,
                    use_router=ROUTINGS[args.routing].router, with_reference=args.beta != 0.0, token_kl=args.token_kl,
-                   with_entropy=args.top_entropy_quantile < 1.0)
+                   with_entropy=args.top_entropy_quantile < 1.0 or args.entropy_coef != 0.0)
 
 
 def score_rollout(backbone: Backbone, router, ref_router, rollout, settings: ScoreSettings,
-                  soft_input=TOP_K_MIXTURE) -> StepScores:
+                  soft_input=TOP_K_MIXTURE, reference: Backbone | None = None) -> StepScores:
     """Policy (and reference) scores of a recorded batch under ``settings``; gradients flow to LoRA and router
     (and HRPO's gate, through the rebuilt inputs).
 
-    The reference is the same backbone with its adapter disabled, fed the same inputs;
+    The reference is the same backbone with its adapter disabled, fed the same inputs (``reference``: a backbone of
+    its own, a frozen copy of the initial model, for full fine-tuning);
     ``ref_router`` (a frozen copy of the initial router) reads its hidden states.
     ``soft_input``: what the rollout's soft steps fed (:mod:`tarpo.engine.soft_input`), which rebuilds them; a random
     draw (Soft Tokens' noise, the Gumbel weights) adds its ``logp_soft_input`` at soft steps.
@@ -177,15 +180,15 @@ def score_rollout(backbone: Backbone, router, ref_router, rollout, settings: Sco
         logp_soft_input = soft_input_logprobs(backbone, hidden, rollout, mask & rollout.is_soft, temperature,
                                               chunk_size, soft_input)
     if settings.with_reference:
-        with torch.no_grad(), backbone.adapter_disabled():
-            ref_hidden = sequence_hidden(backbone, rollout, soft_input)
+        ref = reference if reference is not None else backbone
+        with torch.no_grad(), (backbone.adapter_disabled() if reference is None else contextlib.nullcontext()):
+            ref_hidden = sequence_hidden(ref, rollout, soft_input)
             if settings.token_kl == "k3":
-                ref_logp = token_logprobs(backbone.logits, ref_hidden, rollout.token_ids, mask,
-                                          temperature, chunk_size)
+                ref_logp = token_logprobs(ref.logits, ref_hidden, rollout.token_ids, mask, temperature, chunk_size)
         if settings.token_kl == "k3":
             kl_tok = torch.where(mask, k3(logp_tok, ref_logp), zeros)
         else:
-            kl_tok = full_token_kl(backbone.logits, hidden, ref_hidden, mask, temperature, chunk_size)
+            kl_tok = full_token_kl(backbone.logits, hidden, ref_hidden, mask, temperature, chunk_size, ref.logits)
         if settings.use_router:
             kl_act = two_class_kl(act_logp, ref_router.log_probs(ref_hidden))
     return StepScores(logp_tok=logp_tok, logp_act=logp_act, p_hard=p_hard, kl_tok=kl_tok, kl_act=kl_act,

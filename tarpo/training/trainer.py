@@ -6,7 +6,7 @@ gradient-accumulation steps, logging, PEFT set-up, checkpointing and resuming. W
 
 - ``_generate_and_score_completions``: decodes with :func:`tarpo.engine.rollout.hybrid_generate` (per-step hard/soft
   inputs) and returns the whole rollout record, which survives TRL's shuffle/split of the generation batch because
-  every field is batch-first; advantages are computed here, over whole groups, by :func:`group_advantages`.
+  every field is batch-first; advantages are computed here, over whole groups, by :func:`reward_advantages`.
 - ``_compute_loss``: rebuilds the inputs, scores policy and reference (:func:`tarpo.training.scoring.score_rollout`)
   and applies :func:`tarpo.training.objective.tarpo_loss`; ``_get_grad_norm`` skips a non-finite step
   (:mod:`tarpo.training.nonfinite`); ``log`` takes the step's maximum of ``*_max`` metrics.
@@ -34,7 +34,8 @@ import time
 from dataclasses import fields, replace
 
 import torch
-from peft import LoraConfig, PeftModel
+from peft import LoraConfig
+from accelerate.utils import is_peft_model
 from transformers import TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
@@ -52,13 +53,13 @@ from ..models.backends import make_backbone
 from ..models.loading import lora_config, new_router, stop_token_ids
 from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
 from ..algorithms import ROUTINGS
-from ..tasks.prompts import count_too_long, encode_prompts
-from . import checkpoints, sharding
+from ..tasks.prompts import encode_prompts
+from . import checkpoints, metrics, sharding, trl_contract
 from .callbacks import StepResources
 from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
 from .nonfinite import NonFiniteGuard
-from .objective import LossSettings, group_advantages, loss_mask, rollout_loss
+from .objective import LossSettings, loss_mask, reward_advantages, rollout_loss
 from .preemption import SaveOnSignal
 from .optimizer import keep_fp32_state, parameter_groups
 from .scoring import StepScores, ScoreSettings, score_rollout
@@ -72,32 +73,25 @@ _ROLLOUT_KEYS = [
 ]
 
 
-def check_dataset(dataset, name: str = "train_dataset") -> None:
-    """Fail before any training if the data set is empty or has no ``prompt`` column."""
-    if dataset is None:
-        raise ValueError(f"{name} is required")
-    if len(dataset) == 0:
-        raise ValueError(f"{name} is empty: no rows to train on")
-    columns = getattr(dataset, "column_names", None) or list(dataset[0].keys())
-    if "prompt" not in columns:
-        raise ValueError(f"{name} has no 'prompt' field (columns: {columns})")
-
-
 class TarpoTrainer(GRPOTrainer):
-    def __init__(self, model, reward_funcs, args: TarpoConfig, train_dataset, processing_class,
-                 router: Router | None = None, peft_config: LoraConfig | None = None, **kwargs):
+    def __init__(self, model, reward_funcs=None, args: TarpoConfig | None = None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
+                 optimizers=(None, None), quantization_config=None, peft_config: LoraConfig | None = None,
+                 tools=None, rollout_func=None, environment_factory=None, router: Router | None = None):
+        """GRPOTrainer's parameters in its order and with its defaults (tarpo.training.trl_contract), and
+        ``router``: the router to train (a new one, :func:`tarpo.models.loading.new_router`, by default)."""
+        args = trl_contract.default_args(model) if args is None else args
         if not isinstance(args, TarpoConfig):
             raise TypeError("args must be a TarpoConfig")
-        check_dataset(train_dataset)
-        too_long = count_too_long(processing_class, train_dataset["prompt"], args.max_prompt_length)
-        if too_long:  # said once, at the start of the run (docs: tarpo.tasks.prompts)
-            logger.warning(f"{too_long} of {len(train_dataset)} training prompts are longer than max_prompt_length="
-                           f"{args.max_prompt_length} tokens: their last user turn is cut from the left (system "
-                           "prompt and chat template kept)")
-        if peft_config is None and not isinstance(model, PeftModel):
-            peft_config = lora_config(args)
+        trl_contract.refuse_unserved(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
+        trl_contract.check_dataset(train_dataset)
+        if peft_config is None and args.use_peft and (isinstance(model, str) or not is_peft_model(model)):
+            peft_config = lora_config(args)  # the paper's LoRA (TarpoConfig.lora_*); use_peft=False: full fine-tuning
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                         processing_class=processing_class, peft_config=peft_config, **kwargs)
+                         eval_dataset=eval_dataset, processing_class=processing_class,
+                         reward_processing_classes=reward_processing_classes, callbacks=callbacks,
+                         optimizers=optimizers, quantization_config=quantization_config, peft_config=peft_config)
+        trl_contract.warn_too_long(self.processing_class, train_dataset, args)
         peft_model = self.accelerator.unwrap_model(self.model)
         self.eos_token_ids = stop_token_ids(peft_model, self.processing_class)  # as eval stops (models/loading.py)
         self.engine = EngineChooser(self.args.rollout_engine, decoder_layers(peft_model))  # ENGINE=auto by cost
@@ -105,17 +99,18 @@ class TarpoTrainer(GRPOTrainer):
             # TRL copies a passed-in adapter as "ref"; docs/algorithm.md §2's reference is the adapter disabled.
             peft_model.delete_adapter("ref")
         base = unwrap(peft_model)
-        router = router if router is not None else new_router(base, args)
-        # TRL seeds each rank differently (set_seed(..., device_specific=True)), so each rank drew its own router;
-        # DDP will train rank 0's on every rank, and the frozen reference must be that one too
-        base.tarpo_router = same_on_every_rank(router.to(self.accelerator.device))
-        self.ref_router = router.frozen_copy()
-        self.token_text = token_text_fn(self.processing_class)
         self.rule = ROUTINGS[args.routing]
         self.use_router = self.rule.router
+        self.ref_router = None
+        if self.use_router:  # only a routing that routes with it has a router (GRPO and the other baselines none)
+            router = router if router is not None else new_router(base, args)
+            # TRL seeds each rank differently (set_seed(..., device_specific=True)), so each rank drew its own
+            # router; DDP will train rank 0's on every rank, and the frozen reference must be that one too
+            base.tarpo_router = same_on_every_rank(router.to(self.accelerator.device))
+            self.ref_router = router.frozen_copy()
+        self.token_text = token_text_fn(self.processing_class)
         self.loss_settings = LossSettings.of(args)  # built once: what tarpo_loss is computed with besides the batch
         self.score_settings = ScoreSettings.of(args)  # ... and how the batch is scored
-        router.requires_grad_(self.use_router)  # the baselines never train it
         self._soft_input = soft_input_class(self.rule.soft_input).for_run(args, base)  # what a soft step feeds
         if self.rule.soft.trained:  # a submodule of the policy, so that DDP / FSDP2 see its parameters
             base.tarpo_gate = self._soft_input.to(self.accelerator.device)
@@ -144,8 +139,9 @@ class TarpoTrainer(GRPOTrainer):
         return self._compute_loss(model, inputs)
 
     @property
-    def router(self) -> Router:
-        return unwrap(self.accelerator.unwrap_model(self.model)).tarpo_router
+    def router(self) -> Router | None:
+        """The trained router; None under a routing that has none (GRPO and the other baselines)."""
+        return getattr(unwrap(self.accelerator.unwrap_model(self.model)), "tarpo_router", None)
 
     @property
     def gate(self):
@@ -169,7 +165,7 @@ class TarpoTrainer(GRPOTrainer):
         cls, kwargs = self.get_optimizer_cls_and_kwargs(args, opt_model)
         groups = parameter_groups(opt_model, self.router, self.gate, args)
         self.optimizer = cls(groups, **kwargs)
-        heads = [*self.router.parameters(), *(self.gate.parameters() if self.gate is not None else ())]
+        heads = [p for head in (self.router, self.gate) if head is not None for p in head.parameters()]
         keep_fp32_state(self.optimizer, [p for p in heads if p.requires_grad])
         return self.optimizer
 
@@ -190,8 +186,8 @@ class TarpoTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         device = self.accelerator.device
         prompts = [x["prompt"] for x in inputs]
-        prompt_ids, prompt_mask, n_trunc = encode_prompts(self.processing_class, prompts,
-                                                          self.args.max_prompt_length, device)
+        prompt_ids, prompt_mask, n_trunc = encode_prompts(self.processing_class, prompts, self.args.max_prompt_length,
+                                                          device, self.args.chat_template_kwargs)
         # the run's one rollout shape (compiled engine: one graph per run): this process's share of a generation batch
         spec = RolloutSpec.from_config(self.args, router_greedy=False,
                                        batch_size=self.args.generation_batch_size // self.accelerator.num_processes)
@@ -217,18 +213,21 @@ class TarpoTrainer(GRPOTrainer):
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
         completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(prompts[0], list) else texts
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)  # all processes
-        rewards = torch.nan_to_num((rewards_per_func * self.reward_weights.to(device)[None]).nansum(1), nan=0.0)
-        advantages = group_advantages(rewards, self.num_generations, self.args.advantage_eps, self.args.scale_rewards)
+        rewards, advantages = reward_advantages(rewards_per_func, self.reward_weights.to(device), self.num_generations,
+                                                self.args.advantage_eps, self.args.scale_rewards,
+                                                self.args.multi_objective_aggregation)
         local = slice(self.accelerator.process_index * len(prompts),
                       (self.accelerator.process_index + 1) * len(prompts))
 
-        self._log_rollout(mode, rollout, rewards, rewards_per_func, n_trunc, prompts, completions)
+        metrics.log_rollout(self, mode, rollout, rewards, rewards_per_func, n_trunc)
+        metrics.log_completions(self, prompts, completions, rewards_per_func, advantages)
         out = {key: getattr(rollout, key) for key in _ROLLOUT_KEYS}
         out["advantages"] = advantages[local]
-        # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step
+        # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step;
+        # an evaluation batch is neither split across steps nor accumulated (TRL's normalizer)
         units = self.accelerator.gather(loss_mask(self.loss_settings, rollout).sum()[None]).sum().float()
-        out["num_units"] = (units / (self.accelerator.num_processes
-                                     * self.args.steps_per_generation)).expand(len(prompts))
+        steps = self.args.steps_per_generation if mode == "train" else 1
+        out["num_units"] = (units / (self.accelerator.num_processes * steps)).expand(len(prompts))
         return out
 
     def _next_rollout_seed(self) -> int:
@@ -238,35 +237,6 @@ class TarpoTrainer(GRPOTrainer):
         self._seed_index += 1
         return rollout_seed(self.args.seed, step, self._seed_index - 1)
 
-    def _log_rollout(self, mode, rollout: Rollout, rewards, rewards_per_func, n_trunc, prompts, completions):
-        gather = self.accelerator.gather
-        metrics = self._metrics[mode]
-        mask = rollout.completion_mask
-        units = gather(rollout.units.float())
-        hard = gather(rollout.hard_tokens.float())
-        soft = gather(rollout.is_soft.sum().float()[None]).sum()
-        decided = gather(rollout.decided.sum().float()[None]).sum()
-        p_soft = gather(rollout.p_soft[rollout.decided].sum()[None]).sum()
-        entropy = gather(rollout.entropy[mask].sum()[None]).sum()
-        grouped = rewards.view(-1, self.num_generations)
-        metrics["reward"].append(rewards.mean().item())
-        metrics["reward_std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
-        metrics["frac_reward_zero_std"].append((grouped.max(1).values == grouped.min(1).values).float().mean().item())
-        for i, name in enumerate(self.reward_func_names):
-            metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
-            if hasattr(self.reward_funcs[i], "timeouts"):  # answers that hit the grader's timeout (scored 0)
-                timeouts = torch.tensor([float(self.reward_funcs[i].timeouts)], device=rewards.device)
-                metrics[f"rewards/{name}/timeouts"].append(gather(timeouts).sum().item())
-        metrics["entropy"].append((entropy / units.sum().clamp(min=1)).item())
-        metrics["completions/mean_units"].append(units.mean().item())
-        metrics["completions/mean_hard_tokens"].append(hard.mean().item())
-        metrics["completions/clipped_ratio"].append(1 - gather(rollout.ended_with_eos.float()).mean().item())
-        metrics["soft_ratio"].append((soft / units.sum().clamp(min=1)).item())
-        metrics["router/p_soft"].append((p_soft / decided.clamp(min=1)).item() if self.use_router else 0.0)
-        metrics["prompts/truncated"].append(float(n_trunc))
-        self.state.num_input_tokens_seen += int(gather(rollout.prompt_mask.sum()[None]).sum() + units.sum())
-        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
-
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
         rollout = Rollout(**{key: inputs[key] for key in _ROLLOUT_KEYS})
@@ -275,13 +245,16 @@ class TarpoTrainer(GRPOTrainer):
                                               lambda: self._scores(model, rollout)))
         loss, terms = rollout_loss(self.loss_settings, scores, rollout, inputs["advantages"], inputs["num_units"][0],
                                    gather=lambda values: all_values(self.accelerator, values))
+        terms.update(metrics.loss_type_metrics(self.loss_settings, scores.logp_tok, rollout, inputs["advantages"]))
         mode = "train" if self.model.training else "eval"
+        # the accumulation steps a training step sums (TRL's scaling; an evaluation accumulates nothing)
+        accumulated = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         self.nonfinite.observe_loss(loss)
         for name, value in terms.items():  # a minimum and a maximum over the processes, else the mean
             value = self.accelerator.gather(value[None])
             value = value.min() if name.endswith("_min") else value.max() if name.endswith("_max") else value.mean()
             self._metrics[mode][name].append(value.item())
-        return loss / self.current_gradient_accumulation_steps
+        return loss / accumulated
 
     def _scores(self, model, rollout: Rollout) -> dict:
         """The current policy's scores of ``rollout`` (:func:`tarpo.training.scoring.score_rollout`) as a dict of
@@ -292,8 +265,10 @@ class TarpoTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         with mixed_precision(backbone), self._resources.timed(self._metrics[mode], "timing/scoring_s",
                                                               self.args.time_scoring):
-            scores = score_rollout(backbone, self.router, self.ref_router.to(self.accelerator.device), rollout,
-                                   self.score_settings, self.soft_input)
+            ref_router = self.ref_router.to(self.accelerator.device) if self.ref_router is not None else None
+            reference = make_backbone(self.ref_model) if self.ref_model is not None else None  # full fine-tuning
+            scores = score_rollout(backbone, self.router, ref_router, rollout, self.score_settings, self.soft_input,
+                                   reference)
         return {f.name: getattr(scores, f.name) for f in fields(scores) if getattr(scores, f.name) is not None}
 
     def _get_grad_norm(self, model, grad_norm=None):
@@ -305,14 +280,15 @@ class TarpoTrainer(GRPOTrainer):
         return grad_norm
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's, except that a metric named ``*_max`` (``*_min``, and the run's count ``nonfinite_steps``) logs
-        the largest (smallest) value of the logged steps' micro-batches, where TRL's averages every metric over them
-        (``logp_drift_max`` is the step's)."""
-        for metrics in self._metrics.values():
-            for name, values in metrics.items():
+        """TRL's, except that the project's own ``*_max`` (``*_min``) metrics and the run's count
+        ``nonfinite_steps`` log the largest (smallest) value of the logged steps' micro-batches, where TRL averages
+        every metric over them (TRL's own ``clip_ratio/high_max`` keeps TRL's meaning)."""
+        for step_metrics in self._metrics.values():
+            for name, values in step_metrics.items():
                 finite = [v for v in values if v == v]  # NaN left out, as TRL's average leaves it out
-                if finite and (name.endswith(("_max", "_min")) or name == "nonfinite_steps"):
-                    metrics[name] = [min(finite) if name.endswith("_min") else max(finite)]
+                own = name.startswith(("logp_drift", "importance_sampling/")) and name.endswith(("_max", "_min"))
+                if finite and (own or name == "nonfinite_steps"):
+                    step_metrics[name] = [min(finite) if name.endswith("_min") else max(finite)]
         if getattr(self, "_tr_loss", None) is not None:  # a skipped step's NaN, logged, leaves the sum (no sync)
             torch.nan_to_num_(self._tr_loss, nan=0.0, posinf=0.0, neginf=0.0)
         super().log(logs, start_time)

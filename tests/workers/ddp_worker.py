@@ -74,7 +74,8 @@ class SaveTrainable(TrainerCallback):
         held = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in params)
         with open(os.path.join(self.out, f"shards-rank{rank}.json"), "w") as f:  # what this rank holds
             json.dump({"units": len(units(model)), "held": held, "total": sum(p.numel() for p in params)}, f)
-        torch.save({n: t.detach().clone() for n, t in self.trainer.ref_router.state_dict().items()},
+        ref = self.trainer.ref_router  # None under a routing without a router (GRPO)
+        torch.save({n: t.detach().clone() for n, t in (ref.state_dict() if ref is not None else {}).items()},
                    os.path.join(self.out, f"ref-router-rank{rank}.pt"))
 
     def on_step_end(self, args, state, control, **kwargs):

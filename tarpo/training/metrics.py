@@ -1,0 +1,122 @@
+"""What a rollout logs (docs/design-notes.md, "Logged metrics"): the project's metrics, and TRL's names for the same
+quantities as TRL's ``GRPOTrainer`` computes them, so that scripts and dashboards written for TRL read them.
+
+TRL's names here: ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``rewards/<func>/mean`` and ``/std``,
+``completions/mean_length`` / ``min_length`` / ``max_length`` (a completion's generated steps: hard and soft),
+``completions/mean_terminated_length`` / ``min_`` / ``max_`` (those that ended with an end token),
+``completions/clipped_ratio``, ``entropy``, ``num_tokens``; the loss step adds ``kl``, ``clip_ratio/*`` and
+``vespo/phi_seq_mean`` (:func:`tarpo.training.objective.rollout_loss`). With ``log_completions`` the rollout's
+prompts, completions, rewards and advantages go to TRL's completion log (its printed sample, parquet files,
+wandb/trackio tables).
+"""
+
+from __future__ import annotations
+
+import torch
+from accelerate.utils import gather_object
+
+
+def _nanstd(x: torch.Tensor) -> float:
+    """TRL's ``nanstd``: the sample standard deviation of the non-NaN values."""
+    x = x[~torch.isnan(x)]
+    return x.std().item() if x.numel() > 1 else 0.0
+
+
+def log_rollout(trainer, mode: str, rollout, rewards, rewards_per_func, n_trunc: int) -> None:
+    """A rollout's metrics into ``trainer._metrics[mode]`` (every process's rows gathered)."""
+    gather, metrics = trainer.accelerator.gather, trainer._metrics[mode]
+    mask = rollout.completion_mask
+    units = gather(rollout.units.float())
+    hard = gather(rollout.hard_tokens.float())
+    soft = gather(rollout.is_soft.sum().float()[None]).sum()
+    decided = gather(rollout.decided.sum().float()[None]).sum()
+    p_soft = gather(rollout.p_soft[rollout.decided].sum()[None]).sum()
+    entropy = gather(rollout.entropy[mask].sum()[None]).sum()
+    ended = gather(rollout.ended_with_eos)
+    grouped = rewards.view(-1, trainer.num_generations)
+    metrics["reward"].append(rewards.mean().item())
+    metrics["reward_std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
+    metrics["frac_reward_zero_std"].append((grouped.max(1).values == grouped.min(1).values).float().mean().item())
+    for i, name in enumerate(trainer.reward_func_names):
+        metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
+        metrics[f"rewards/{name}/std"].append(_nanstd(rewards_per_func[:, i]))
+        if hasattr(trainer.reward_funcs[i], "timeouts"):  # answers that hit the grader's timeout (scored 0)
+            timeouts = torch.tensor([float(trainer.reward_funcs[i].timeouts)], device=rewards.device)
+            metrics[f"rewards/{name}/timeouts"].append(gather(timeouts).sum().item())
+    metrics["entropy"].append((entropy / units.sum().clamp(min=1)).item())
+    metrics["completions/mean_units"].append(units.mean().item())
+    metrics["completions/mean_hard_tokens"].append(hard.mean().item())
+    terminated = units[ended] if ended.any() else torch.zeros(1, device=units.device)  # TRL's edge case: none
+    for name, values in (("length", units), ("terminated_length", terminated)):
+        metrics[f"completions/mean_{name}"].append(values.mean().item())
+        metrics[f"completions/min_{name}"].append(values.min().item())
+        metrics[f"completions/max_{name}"].append(values.max().item())
+    metrics["completions/clipped_ratio"].append(1 - ended.float().mean().item())
+    metrics["soft_ratio"].append((soft / units.sum().clamp(min=1)).item())
+    metrics["router/p_soft"].append((p_soft / decided.clamp(min=1)).item() if trainer.use_router else 0.0)
+    metrics["prompts/truncated"].append(float(n_trunc))
+    trainer.state.num_input_tokens_seen += int(gather(rollout.prompt_mask.sum()[None]).sum() + units.sum())
+    metrics["num_tokens"] = [trainer.state.num_input_tokens_seen]
+
+
+def log_completions(trainer, prompts, completions, rewards_per_func, advantages) -> None:
+    """``log_completions``: the rollout's rows into TRL's completion log (every process's; advantages: the whole
+    batch's), which TRL's ``log`` prints and writes as TRL does."""
+    if not trainer.args.log_completions:
+        return
+    logs = trainer._logs
+    logs["prompt"].extend(gather_object(prompts))
+    logs["completion"].extend(gather_object(completions))
+    for i, name in enumerate(trainer.reward_func_names):
+        logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
+    logs["advantages"].extend(advantages.tolist())
+
+
+DRIFT_OVER = 0.1  # |delta log p| counted by ``logp_drift_frac_over_0.1``
+
+
+def logp_drift(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far this forward's log-probs of the rollout's tokens (``logp`` [B, T]) are from the rollout's own
+    (``rollout_logp``), over the completion steps (``mask``): ``logp_drift`` the mean |delta|, ``logp_drift_p99``
+    its 99th percentile, ``logp_drift_max`` its maximum and ``logp_drift_frac_over_0.1`` the fraction of steps over
+    :data:`DRIFT_OVER`. On-policy the drift is numerics only (bf16 rounding, kernels that differ between the decode
+    step and the training forward); a tail far above the mean is where a mismatch correction acts. Computed on the
+    device without a host synchronisation (NaN marks the steps outside ``mask`` for the percentile).
+
+    >>> logp = torch.tensor([[-1.0, -2.0, -3.0]])
+    >>> d = logp_drift(logp, logp + torch.tensor([[0.0, 0.2, 9.0]]), torch.tensor([[True, True, False]]))
+    >>> {k: round(v.item(), 4) for k, v in d.items()}
+    {'logp_drift': 0.1, 'logp_drift_p99': 0.198, 'logp_drift_max': 0.2, 'logp_drift_frac_over_0.1': 0.5}
+    """
+    diff = (logp - rollout_logp).abs()
+    count = mask.sum().clamp(min=1)
+    inside = torch.where(mask, diff, 0.0)
+    return {"logp_drift": inside.sum() / count,
+            "logp_drift_p99": torch.nanquantile(torch.where(mask, diff, float("nan")).flatten(), 0.99),
+            "logp_drift_max": inside.max(),
+            f"logp_drift_frac_over_{DRIFT_OVER:g}": ((diff > DRIFT_OVER) & mask).sum() / count}
+
+
+CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the loss types TRL logs clip ratios for
+
+
+def loss_type_metrics(settings, logp: torch.Tensor, rollout, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What TRL logs of its loss type's ratio. The clipped types: ``clip_ratio/low_mean``, ``high_mean`` and
+    ``region_mean`` of the token term (the share of its steps whose ratio the clip holds: below ``1 - epsilon`` with
+    ``A < 0``, above ``1 + epsilon_high`` with ``A > 0``; on-policy the ratio is 1 and they are 0). ``vespo``:
+    ``vespo/phi_seq_mean``, the mean over rows of its weight (1 on-policy)."""
+    from ..losses import importance_ratio, vespo_weights
+    mask = rollout.completion_mask
+    old = rollout.logp if settings.off_policy else None
+    if settings.loss_type == "vespo":
+        return {"vespo/phi_seq_mean": vespo_weights(logp.detach(), advantages, old, mask, settings).mean()}
+    if settings.loss_type not in CLIPPED:
+        return {}
+    ratio = importance_ratio(logp.detach(), old, settings.level, mask)
+    high = settings.clip_eps if settings.clip_eps_high is None else settings.clip_eps_high
+    adv = advantages[:, None]
+    low_clipped = (ratio < 1 - settings.clip_eps) & (adv < 0) & mask
+    high_clipped = (ratio > 1 + high) & (adv > 0) & mask
+    count = mask.sum().clamp(min=1)
+    return {"clip_ratio/low_mean": low_clipped.sum() / count, "clip_ratio/high_mean": high_clipped.sum() / count,
+            "clip_ratio/region_mean": (low_clipped | high_clipped).sum() / count}

@@ -1,0 +1,186 @@
+"""TarpoTrainer keeps GRPOTrainer's contract (tarpo/training/trl_contract.py, docs/design-notes.md "TRL's contract"):
+driven the way TRL's own GRPO trainer tests drive GRPOTrainer (a model folder given by name, no tokenizer, standard,
+conversational and streaming data sets, TRL's options, evaluation), with TRL's default values for every field whose
+default TarpoConfig changes, plain GRPO routing; each training scenario changes every trainable parameter."""
+
+import dataclasses
+import math
+
+import datasets
+import pytest
+import torch
+from trl import GRPOConfig
+
+from tarpo.config import TarpoConfig
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
+from tarpo.training.trainer import TarpoTrainer
+
+SIZES = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=2,
+             report_to="none", save_strategy="no", logging_steps=1, bf16=False)  # what TRL's CPU tests set too
+
+
+def trl_defaults() -> dict:
+    """GRPOConfig's default of every field whose default TarpoConfig changes (docs/design-notes.md's table)."""
+    trl, ours = GRPOConfig.__dataclass_fields__, TarpoConfig.__dataclass_fields__
+    out = {}
+    for name, f in trl.items():
+        if not f.init or name not in ours:
+            continue
+        theirs = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        mine = ours[name]
+        mine = mine.default_factory() if mine.default_factory is not dataclasses.MISSING else mine.default
+        if theirs != mine:
+            out[name] = theirs
+    return out
+
+
+def test_the_fields_whose_defaults_differ_are_the_documented_ones():
+    """Each is in docs/design-notes.md's table of changed defaults, with TRL's value beside ours."""
+    import os
+    doc = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                            "design-notes.md")).read()
+    table = doc[doc.index("| field | TRL's GRPOConfig | TarpoConfig |"):]
+    table = table[:table.index("\n\n")]
+    assert set(trl_defaults()) == {line.split("`")[1] for line in table.splitlines()[2:]}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    tok = char_tokenizer()
+    tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def codes(prompts, completions, **kwargs):
+    """A reward with spread in every group (a random model's completions): their character codes' sum mod 7."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(map(ord, t)) % 7 / 7 for t in texts]
+
+
+def length(prompts, completions, **kwargs):
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [len(t) / 10 for t in texts]
+
+
+def standard(n=8):
+    return datasets.Dataset.from_list([{"prompt": f"question {i} is"} for i in range(n)])
+
+
+def conversational(n=8):
+    return datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": f"question {i}?"}]} for i in range(n)])
+
+
+def config(tmp_path, **fields):
+    return TarpoConfig(output_dir=str(tmp_path / "run"), routing="hard", **{**trl_defaults(), **SIZES, **fields})
+
+
+def trains_every_parameter(trainer):
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    # exact: any change at all counts as trained
+    unchanged = [n for n, p in before.items() if torch.equal(p, after[n])]
+    assert before and unchanged == [], unchanged[:5]
+    return [h for h in trainer.state.log_history if "loss" in h]
+
+
+SCENARIOS = {
+    "standard": {}, "conversational": {}, "full-fine-tuning": dict(use_peft=False),
+    "min_p": dict(min_p=0.1), "generation_kwargs": dict(generation_kwargs={"min_p": 0.1}),
+    "chat_template_kwargs": dict(chat_template_kwargs={"add_special": False}),
+    "normalize_then_sum": dict(multi_objective_aggregation="normalize_then_sum"),
+    "delta": dict(delta=1.5, num_iterations=2), "off_policy_mask": dict(off_policy_mask_threshold=0.5,
+                                                                        num_iterations=2),
+    "bias_correction_kl": dict(beta=0.04, use_bias_correction_kl=True), "entropy_coef": dict(entropy_coef=0.01),
+    "luspo": dict(loss_type="luspo"), "vespo": dict(loss_type="vespo"),
+    "log_completions": dict(log_completions=True), "sync_ref_model": dict(use_peft=False, beta=0.04,
+                                                                          sync_ref_model=True, ref_model_sync_steps=1),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_a_trl_training_scenario_trains_every_parameter(model_dir, tmp_path, scenario):
+    """The model given by its folder's name and no processing_class (TRL loads both), TRL's defaults, two reward
+    functions; each scenario one of TRL's fields this trainer now honours."""
+    data = conversational() if scenario in ("conversational", "chat_template_kwargs") else standard()
+    args = config(tmp_path, **SCENARIOS[scenario])
+    trainer = TarpoTrainer(model_dir, [codes, length], args=args, train_dataset=data)
+    logs = trains_every_parameter(trainer)
+    ratio = "vespo/phi_seq_mean" if args.loss_type == "vespo" else "clip_ratio/region_mean"
+    assert len(logs) == 2 and {"completions/mean_length", "completions/max_terminated_length", "rewards/codes/std",
+                               ratio} <= set(logs[0])
+    if args.beta:
+        assert "kl" in logs[0]
+    if scenario == "full-fine-tuning":
+        assert not any("lora_" in n for n, _ in trainer.model.named_parameters())
+    if scenario == "log_completions":  # TRL's log keeps the last generation batch
+        assert len(trainer._logs["completion"]) == args.generation_batch_size
+        assert set(trainer._logs["rewards"]) == {"codes", "length"}
+
+
+def test_a_streaming_data_set_trains_for_max_steps(model_dir, tmp_path):
+    """A datasets.IterableDataset with max_steps, as TRL takes it (before: len() of the training set, TypeError)."""
+    stream = datasets.IterableDataset.from_generator(lambda: ({"prompt": f"question {i} is"} for i in range(64)))
+    trainer = TarpoTrainer(model_dir, codes, args=config(tmp_path), train_dataset=stream)
+    assert len(trains_every_parameter(trainer)) == 2
+
+
+def test_the_constructor_takes_grpo_trainers_parameters_in_its_order(model_dir, tmp_path):
+    """GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...): positional
+    arguments land where TRL's do, args and processing_class are optional (before: both required, and the 5th
+    positional parameter was processing_class). What the trainer cannot serve is refused with its reason."""
+    from trl import GRPOTrainer
+
+    data, args = standard(), None
+    trainer = TarpoTrainer(model_dir, codes, config(tmp_path), data, data)  # eval_dataset 5th, as TRL's
+    assert trainer.eval_dataset is data and trainer.processing_class is not None  # the folder's tokenizer
+    # args None: TRL's default configuration, <model name>-GRPO, as TarpoConfig's <model name>-TARPO; on a CPU
+    # TRL's default asks for bf16 and both refuse alike
+    with pytest.raises(ValueError) as trl_error:
+        GRPOTrainer(model_dir, codes, args, data)
+    with pytest.raises(ValueError) as ours:
+        TarpoTrainer(model_dir, codes, args, data)
+    assert str(ours.value) == str(trl_error.value) and "bf16" in str(ours.value)
+    with pytest.raises(ValueError, match=r"TarpoTrainer\(tools=\.\.\.\): not served: tool calls"):
+        TarpoTrainer(model_dir, codes, config(tmp_path), data, tools=[len])
+
+
+def test_a_routing_without_a_router_has_none(model_dir, tmp_path):
+    """GRPO (routing hard) attaches no router to the user's model and saves none (before: a frozen tarpo_router)."""
+    import os
+    trainer = TarpoTrainer(model_dir, codes, args=config(tmp_path), train_dataset=standard())
+    assert trainer.router is None and not any("tarpo_router" in n for n, _ in trainer.model.named_parameters())
+    trainer.train()
+    trainer.save_model(str(tmp_path / "adapter"))
+    assert "router.safetensors" not in os.listdir(tmp_path / "adapter")
+
+
+def test_evaluation_before_during_and_after_training_uses_trls_scaling(model_dir, tmp_path):
+    """evaluate() before train() (before: AttributeError, current_gradient_accumulation_steps), eval_on_start, and
+    an evaluation loss that does not depend on the gradient accumulation (before: divided by it)."""
+    data = standard()
+    losses = {}
+    for steps in (1, 4):
+        args = config(tmp_path / str(steps), gradient_accumulation_steps=steps, per_device_eval_batch_size=4,
+                      seed=3)
+        trainer = TarpoTrainer(model_dir, codes, args=args, train_dataset=data, eval_dataset=data)
+        losses[steps] = trainer.evaluate()["eval_loss"]
+    assert math.isfinite(losses[1]) and losses[1] == pytest.approx(losses[4], rel=1e-5, abs=1e-7)
+    args = config(tmp_path / "start", eval_on_start=True, eval_strategy="steps", eval_steps=1,
+                  per_device_eval_batch_size=4)
+    trainer = TarpoTrainer(model_dir, codes, args=args, train_dataset=data, eval_dataset=data)
+    trainer.train()
+    assert sum("eval_loss" in h for h in trainer.state.log_history) == 3  # on start, after steps 1 and 2
+
+
+def test_chat_template_kwargs_reach_the_chat_template():
+    """TRL's chat_template_kwargs are the template's arguments, in training's prompts as in TRL's."""
+    from tarpo.tasks.prompts import encode_prompts
+
+    tok = char_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!{% endif %}"
+    prompt = [[{"role": "user", "content": "hi"}]]
+    plain, loud = (encode_prompts(tok, prompt, 50, template_kwargs=kw)[0] for kw in (None, {"shout": True}))
+    assert tok.decode(plain[0]) == "hi" and tok.decode(loud[0]) == "hi!"
