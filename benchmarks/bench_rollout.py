@@ -44,6 +44,7 @@ from transformers import CompileConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E
 
 from tarpo.engine.backbone import Backbone  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.soft_input import TOP_K_MIXTURE  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.models.tiny import left_padded_prompts  # noqa: E402
 
@@ -88,7 +89,8 @@ def main():
     def run_engine(routing, engine, noise_seed=None):
         spec = RolloutSpec(max_new_tokens=args.new_tokens, temperature=0.5, top_k=0, top_p=1.0, routing=routing,
                            soft_top_k=30, answer_tag="####", engine=engine)
-        r = hybrid_generate(Policy(backbone, token_text, [], 0, router), ids, mask, spec, noise_seed=noise_seed)
+        r = hybrid_generate(Policy(backbone, token_text, [], 0, router, TOP_K_MIXTURE), ids, mask, spec,
+                            noise_seed=noise_seed)
         return int(r.units.sum()), float(r.is_soft.sum() / r.units.sum())
 
     methods = {

@@ -41,10 +41,11 @@ CONFIG = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_
 
 def rollout(backbone, router, ids, mask, engine, steps, tok):
     from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing="learned", engine=engine,
                        compact_finished_rows=False)
-    return hybrid_generate(Policy(backbone, lambda i: "x", [], tok.pad_token_id, router), ids, mask, spec,
-                           noise_seed=7)
+    policy = Policy(backbone, lambda i: "x", [], tok.pad_token_id, router, TOP_K_MIXTURE)
+    return hybrid_generate(policy, ids, mask, spec, noise_seed=7)
 
 
 def launches(run) -> int:

@@ -41,6 +41,7 @@ from tarpo.config import TarpoConfig  # noqa: E402
 from tarpo.engine import static_decode  # noqa: E402
 from tarpo.engine.precision import mixed_precision  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.soft_input import TOP_K_MIXTURE  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.engine.tagging import token_text_fn  # noqa: E402
 from tarpo.models.backends import make_backbone  # noqa: E402
@@ -119,7 +120,8 @@ class StepClock:
 def measure(model, tok, args, cuda: bool) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     router = Router(model.config.hidden_size, bias=[2.2, 0.0]).to(device)
-    policy = Policy(make_backbone(model), token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router)
+    policy = Policy(make_backbone(model), token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router,
+                    TOP_K_MIXTURE)
     spec = RolloutSpec(max_new_tokens=args.steps, temperature=0.5, routing="learned", engine="compiled",
                        max_prompt_length=args.cache - args.steps, batch_size=args.batch)
     prompts = {p: [x.to(device) for x in left_padded_prompts(args.batch, p, len(tok), tok.pad_token_id, shortest=p)]

@@ -32,6 +32,7 @@ from bench_write_positions import SHAPES, load_lora_model  # noqa: E402
 from tarpo.engine.backbone import Backbone, unwrap  # noqa: E402
 from tarpo.engine.precision import mixed_precision  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.soft_input import TOP_K_MIXTURE  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.engine.tagging import token_text_fn  # noqa: E402
 from tarpo.models.backends import make_backbone  # noqa: E402
@@ -64,11 +65,11 @@ def drift_of(model, tok, router, prompts, spec) -> dict:
     """One rollout with ``spec`` and its training forward's drift."""
     backbone = make_backbone(model)
     with mixed_precision(backbone):
-        policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router)
+        policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router, TOP_K_MIXTURE)
         rollout = hybrid_generate(policy, *prompts, spec, noise_seed=7)
         with torch.no_grad():
             scores = score_rollout(backbone, router, None, rollout, ScoreSettings(
-                temperature=spec.temperature, chunk_size=1024, use_router=True, with_reference=False))
+                temperature=spec.temperature, chunk_size=1024, use_router=True, with_reference=False), TOP_K_MIXTURE)
     d = logp_drift(scores.logp_tok.float(), rollout.logp, rollout.completion_mask)
     return {**{k: v.item() for k, v in d.items()}, "steps": int(rollout.completion_mask.sum()),
             "soft_ratio": float(rollout.is_soft.sum() / rollout.units.sum())}

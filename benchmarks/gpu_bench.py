@@ -47,6 +47,7 @@ from tarpo.models.backends import make_backbone  # noqa: E402
 from tarpo.models.loading import lora_config, resolve_backend  # noqa: E402
 from tarpo.training.objective import LossSettings, rollout_loss  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.soft_input import TOP_K_MIXTURE  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.training.scoring import ScoreSettings, score_rollout  # noqa: E402
 from tarpo.engine.tagging import token_text_fn  # noqa: E402
@@ -124,8 +125,9 @@ def bench_rollout(path, backend, device, args, config, ours=True, reference=Fals
 
     def generate(n):
         s = RolloutSpec(max_new_tokens=n, temperature=0.5, routing="learned", engine=engine)
-        return hybrid_generate(Policy(make_backbone(model), token_text, [tok.eos_token_id], tok.pad_token_id, router),
-                               prompts, mask, s)
+        policy = Policy(make_backbone(model), token_text, [tok.eos_token_id], tok.pad_token_id, router,
+                        TOP_K_MIXTURE)
+        return hybrid_generate(policy, prompts, mask, s)
 
     if ours:
         warm = timed(lambda: generate(spec.max_new_tokens if engine == "compiled" else 16), 1)  # kernels, compile
@@ -164,7 +166,8 @@ def bench_train_step(path, backend, device, args, config):
 
     def step():
         scores = score_rollout(make_backbone(model), router, ref, rollout,
-                               ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True))
+                               ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True),
+                               TOP_K_MIXTURE)
         loss, _ = rollout_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), scores, rollout, adv)
         loss.backward()
         losses.append(loss.item())

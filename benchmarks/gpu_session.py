@@ -91,6 +91,7 @@ def decode(model_dir: str, out: str, tiny: bool = False) -> None:
     from tarpo.config import TarpoConfig
     from tarpo.engine.precision import mixed_precision
     from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.engine.router import Router
     from tarpo.engine.tagging import token_text_fn
     from tarpo.models.backends import make_backbone
@@ -127,8 +128,8 @@ def decode(model_dir: str, out: str, tiny: bool = False) -> None:
         sync()
         start = time.perf_counter()
         with StepClock(cuda) as clock, mixed_precision(backbone):
-            r = hybrid_generate(Policy(backbone, token_text, [tok.eos_token_id], tok.pad_token_id, router),
-                                prompts, mask, spec)
+            policy = Policy(backbone, token_text, [tok.eos_token_id], tok.pad_token_id, router, TOP_K_MIXTURE)
+            r = hybrid_generate(policy, prompts, mask, spec)
         sync()
         return time.perf_counter() - start, clock.step_ms(), r
 

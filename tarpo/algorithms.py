@@ -142,6 +142,21 @@ MODES = {m.name: m for m in (
 )}
 
 
+RULE_SETTINGS = "routing_settings.json"  # beside a saved adapter: the rule it was trained with and its own settings
+
+
+def rule_settings(config) -> dict:
+    """What a trained adapter keeps of its run's routing (:data:`RULE_SETTINGS`): the rule's name and its own settings
+    (``Routing.settings``), which evaluation decodes with unless told otherwise (``tarpo eval``, ``tarpo case``).
+
+        >>> from types import SimpleNamespace as NS
+        >>> rule_settings(NS(routing="entropy", entropy_threshold=0.7, entropy_temperature=1.0,
+        ...                  entropy_soft_when="high"))
+        {'routing': 'entropy', 'entropy_threshold': 0.7, 'entropy_temperature': 1.0, 'entropy_soft_when': 'high'}
+    """
+    return {"routing": config.routing, **{name: getattr(config, name) for name in ROUTINGS[config.routing].settings}}
+
+
 def routing_rule(name: str, setting: str = "routing") -> Routing:
     """The routing rule called ``name``; an unknown name is refused naming ``setting``."""
     if name not in ROUTINGS:

@@ -14,7 +14,7 @@ import torch
 from trl import GRPOConfig
 
 from .losses import LOSS_TYPES, LOSSES  # the loss variants' table owns their names
-from .algorithms import HRPO_MIXTURES, ROUTINGS
+from .algorithms import HRPO_MIXTURES, ROUTINGS, Routing
 from .trl_fields import PINNED  # the inherited fields pinned to what runs (with the honoured and the inert)
 
 TOKEN_KL_MODES = ("k3", "full")
@@ -272,6 +272,12 @@ class TarpoConfig(GRPOConfig):
         self.validate_tarpo()
 
     @property
+    def rule(self) -> Routing:
+        """The routing rule of ``routing`` (:data:`tarpo.algorithms.ROUTINGS`): every reader of the run's rule
+        asks here."""
+        return ROUTINGS[self.routing]
+
+    @property
     def off_policy(self) -> bool:
         """A batch is used after an optimizer step: the one owner of the rule (validation below; the trainer)."""
         return self.num_iterations > 1 or self.steps_per_generation > self.gradient_accumulation_steps
@@ -316,7 +322,7 @@ class TarpoConfig(GRPOConfig):
             bad("hrpo_c", "must be > 0")
         if self.soft_tokens_noise_scale <= 0:
             bad("soft_tokens_noise_scale", "must be > 0")
-        if ROUTINGS[self.routing].soft.log_density and self.off_policy:
+        if self.rule.soft.log_density and self.off_policy:
             bad("num_iterations" if self.num_iterations > 1 else "steps_per_generation",
                 f"routing {self.routing!r} scores its soft inputs' draw on-policy only (one optimizer step a batch)")
         if self.max_nonfinite_steps < 1:
@@ -378,10 +384,14 @@ def default(name: str):
     return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
-def add_flags(parser, names, **helps) -> None:
+def add_flags(parser, names, from_run=(), **helps) -> None:
     """``--name-with-dashes`` flags for TarpoConfig fields: the field's type, default and help
-    (``helps[name]`` replaces a help)."""
+    (``helps[name]`` replaces a help). The flags of ``from_run`` default to None: the trained run's value, read
+    beside its adapter (tarpo.evaluation.system.fill_run_settings), else the field's default."""
     for name in names:
         value = default(name)
-        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=value,
-                            help=helps.get(name) or TarpoConfig.__dataclass_fields__[name].metadata.get("help"))
+        text = helps.get(name) or TarpoConfig.__dataclass_fields__[name].metadata.get("help")
+        if name in from_run:
+            text = f"{text} Default: the trained run's (its adapter's routing_settings.json), else {value}."
+        parser.add_argument("--" + name.replace("_", "-"), type=type(value), default=None if name in from_run
+                            else value, help=text)

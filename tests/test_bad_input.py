@@ -31,7 +31,9 @@ def run_launcher(monkeypatch, tmp_path, capsys, **env):
     ({"LR": "-1"}, "LR=-1.0: must be >= 0"),
     ({"ROUTER_LR": "-0.1"}, "ROUTER_LR=-0.1: must be >= 0"),
     ({"EVAL": "1", "EVAL_N": "0"}, "EVAL_N=0: must be >= 1"),
-    ({"GROUP_SIZE": "3", "BATCH": "8"}, "BATCH=8: completions per step must be a positive multiple of GROUP_SIZE=3"),
+    ({"GROUP_SIZE": "3", "BATCH": "8"}, "BATCH=8, GROUP_SIZE=3: generation_batch_size (8) must be divisible by "
+                                        "num_generations (3)"),
+    ({"GROUP_SIZE": "1", "BATCH": "8"}, "BATCH=8, GROUP_SIZE=1: GRPO requires at least 2 generations per prompt"),
     ({}, "MODEL='/no/such/model/folder': no such folder"),
     ({"DRY_RUN": "1"}, "MODEL='/no/such/model/folder': no such folder"),
 ])
@@ -107,13 +109,13 @@ def test_a_model_folder_without_a_model_says_so(monkeypatch, tmp_path, capsys, f
 def test_a_quantized_model_folder_is_refused_before_loading(monkeypatch, tmp_path, capsys, quantization):
     """A pre-quantized checkpoint loads 4-bit whatever the launcher asks, and the rollout handed its packed
     weights to F.linear (a shape error at the prefill): refused before anything loads (issue 44)."""
-    from tarpo.runs import launch as launcher
+    from tarpo.runs import training_run
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "quantization_config": quantization}))
     (folder / "tokenizer.json").write_text("{}")
     (folder / "model.safetensors").write_text("")
-    monkeypatch.setattr(launcher, "train", lambda *a, **k: pytest.fail("a quantized model was loaded"))
+    monkeypatch.setattr(training_run, "train", lambda *a, **k: pytest.fail("a quantized model was loaded"))
     code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL=str(folder))
     expected = f"MODEL={str(folder)!r}: a quantized model ({quantization['quant_method']}); TARPO trains LoRA"
     assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err

@@ -85,7 +85,7 @@ def test_hrpo_default_is_hrpos_formula_by_hand(top_k):
 def test_soft_tokens_noise_is_a_third_of_the_embedding_rms_and_the_likelihood_is_gaussian(tokenizer):
     model = tiny_causal_lm(tokenizer)
     E = model.get_input_embeddings().weight
-    noise = GaussianSoftTokens(E)
+    noise = GaussianSoftTokens.of_embedding(E)
     assert noise.sigma == pytest.approx(0.33 * E.detach().pow(2).mean().sqrt().item())
     logits = torch.randn(3, E.shape[0])
     mean = GaussianSoftTokens.mean(logits, E)
@@ -120,7 +120,7 @@ def test_latent_rollouts_are_rebuilt_exactly_by_the_training_forward(model, toke
     backbone = BiasedBackbone(model, bias)
     E = backbone.embed_weight
     soft_input = (HrpoGate(model.config.hidden_size, a_range=(0.5, 0.6), mixture=mixture) if routing == "hrpo"
-                  else GaussianSoftTokens(E))
+                  else GaussianSoftTokens.of_embedding(E))
     enc = encode_prompts(tokenizer, ["what is 2+3?", "hi", "a longer prompt here"])
     spec = RolloutSpec(max_new_tokens=40, temperature=0.8, top_k=20 if routing == "hrpo" else 0, soft_top_k=5,
                        routing=routing)
@@ -165,7 +165,7 @@ def test_every_algo_trains_and_changes_every_trainable_parameter(tokenizer, tmp_
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert any("lora_" in n for n in trainable)
     assert any("tarpo_router" in n for n in trainable) == ALGOS[algo].router
-    assert any("tarpo_gate" in n for n in trainable) == ALGOS[algo].soft.trained
+    assert any("tarpo_soft_input" in n for n in trainable) == ALGOS[algo].soft.trained
     for n, p in trainer.model.named_parameters():
         # exact: a frozen tensor is never written; a trained one moves
         assert torch.equal(p, before[n]) != (n in trainable), f"{n}: trainable={n in trainable}"
@@ -177,7 +177,7 @@ def test_every_algo_trains_and_changes_every_trainable_parameter(tokenizer, tmp_
         groups = trainer.optimizer.param_groups
         assert [g["initial_lr"] for g in groups] == [args.learning_rate, 1e-1, 1e-3]
         assert [g["weight_decay"] for g in groups] == [args.weight_decay] * 3
-        assert groups[2]["params"] == [trainer.gate.lam]
+        assert groups[2]["params"] == [trainer.soft_input.lam]
 
 
 def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
@@ -193,9 +193,10 @@ def test_hrpo_gate_is_saved_and_evaluated(tokenizer, tmp_path):
     trainer.train()
     trainer.save_model(str(tmp_path / "adapter"))
     gate = HrpoGate.load(str(tmp_path / "adapter"))
-    for k, v in trainer.gate.state_dict().items():
+    for k, v in trainer.soft_input.state_dict().items():
         torch.testing.assert_close(gate.state_dict()[k], v)
-    assert gate.mixture == trainer.gate.mixture == "full" and gate.c == args.hrpo_c  # evaluation blends as training
+    # evaluation blends as training
+    assert gate.mixture == trainer.soft_input.mixture == "full" and gate.c == args.hrpo_c
     old = tmp_path / "old"  # a gate of an earlier commit (its mixture not recorded) is refused, naming the file
     old.mkdir()
     save_file({k: v.contiguous() for k, v in gate.state_dict().items()}, str(old / HRPO_WEIGHTS),

@@ -160,7 +160,7 @@ def test_the_saved_config_of_a_run_is_what_ran(tokenizer, tmp_path):
     assert [g["initial_lr"] for g in groups] == [saved.learning_rate, saved.hrpo_lr, saved.hrpo_lambda_lr]
     assert [g["weight_decay"] for g in groups] == [saved.weight_decay] * 3
     assert all(g["betas"] == (saved.adam_beta1, saved.adam_beta2) and g["eps"] == saved.adam_epsilon for g in groups)
-    assert trainer.gate.mixture == saved.hrpo_mixture and trainer.gate.c == saved.hrpo_c
+    assert trainer.soft_input.mixture == saved.hrpo_mixture and trainer.soft_input.c == saved.hrpo_c
     assert RolloutSpec.from_config(saved) == RolloutSpec.from_config(trainer.args)
     assert trainer.num_generations == saved.num_generations and trainer.beta == saved.beta
     logs = [h for h in trainer.state.log_history if "loss" in h]

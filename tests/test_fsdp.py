@@ -77,7 +77,7 @@ def test_two_fsdp2_processes_train_what_one_process_trains(runs, case):
         assert two.keys() == one.keys()
         gap = max((two[k] - one[k]).abs().max().item() for k in one)
         assert gap < TOLERANCE, f"{case} step {step}: 2 FSDP2 processes differ from 1 by {gap:.2e}"
-    heads = [k for k in one if "tarpo_router" in k or "tarpo_gate" in k]
+    heads = [k for k in one if "tarpo_router" in k or "tarpo_soft_input" in k]
     assert heads and any("lora_B" in k for k in one)  # the router (TARPO) or the gate (HRPO) trained with LoRA
     moved = max((one[k] - start[k]).abs().max().item() for k in heads)
     if case.endswith("vowels"):

@@ -70,7 +70,7 @@ def test_one_step_changes_every_lora_and_router_tensor_under_either_checkpointin
     # exact: any change at all counts as trained
     changed = {n: not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if n in before}
     lora = [n for n in changed if "lora_" in n]
-    extra = [n for n in changed if ("tarpo_router" if routing == "learned" else "tarpo_gate") in n]
+    extra = [n for n in changed if ("tarpo_router" if routing == "learned" else "tarpo_soft_input") in n]
     assert lora and extra and len(lora) + len(extra) == len(changed), sorted(changed)
     assert [n for n in changed if not changed[n]] == []
 
@@ -92,7 +92,7 @@ def test_router_and_gate_keep_fp32_state_under_8bit_adamw(tokenizer, tmp_path, r
         p.grad = torch.randn_like(p)
     opt.step()
     state = {n: opt.state[p]["state1"].dtype for n, p in params.items()}
-    head = [n for n in state if "tarpo_router" in n or "tarpo_gate" in n]
+    head = [n for n in state if "tarpo_router" in n or "tarpo_soft_input" in n]
     assert head and all(state[n] == torch.float32 for n in head), {n: state[n] for n in head}
     assert trainer.router.proj.weight.numel() == 4096 if routing == "learned" else trainer.router is None
     assert all(state[n] == torch.uint8 for n in state if "lora_" in n and params[n].numel() >= 4096)
@@ -188,7 +188,7 @@ def test_rollouts_and_training_forwards_run_under_the_weights_autocast(tokenizer
             (name, torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), output.dtype))
     lora = next(m for n, m in trainer.model.named_modules() if n.endswith("q_proj.lora_A.default"))
     heads = {"router": trainer.router.proj if trainer.router is not None else None,  # HRPO has no router
-             "gate": trainer.gate.i if trainer.gate is not None else None}
+             "gate": trainer.soft_input.i if trainer.args.rule.soft.trained else None}
     assert lora.weight.dtype == torch.float32
     assert all(m.weight.dtype == torch.float32 for m in heads.values() if m is not None)
     lora.register_forward_hook(record("lora"))

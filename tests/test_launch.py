@@ -93,8 +93,8 @@ def test_dry_run_other_data_sets_models_and_overrides():
 
 def test_baseline_settings_as_their_authors_run_them():
     """ALGO presets and the launcher variables, resolved in process (tarpo.runs.presets, tarpo.runs.launch)."""
-    from tarpo.runs.launch import trainer_arguments
     from tarpo.runs.presets import resolve
+    from tarpo.runs.run_config import trainer_arguments
 
     ours = resolve("math", {"ALGO": "hrpo", "HRPO_MIXTURE": "top_k", "HRPO_LAMBDA_LR": "1e-4"}).trainer
     assert (ours["hrpo_mixture"], ours["hrpo_lambda_lr"]) == ("top_k", 1e-4)
@@ -120,14 +120,12 @@ def test_a_dry_run_on_a_gpu_with_unsloth_resolves_the_compiled_engine(monkeypatc
     the compiled engine, which decodes the model's own tensors whichever backend loaded it."""
     import importlib.util
 
-    from tarpo.runs import launch
     from test_memory_plan import fake_gpu, run_launcher
 
     fake_gpu(monkeypatch, 79.1)
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "unsloth" else find_spec(name, *a))
-    monkeypatch.setattr(launch, "trainer_arguments", lambda cfg, cuda, whole_step: None)  # it would ask for a bf16 GPU
     status, out, err = run_launcher(monkeypatch, capsys, "math", DRY_RUN="1")
     assert status == 0, err
     cfg = json.loads(out.strip().splitlines()[-1])
@@ -313,6 +311,7 @@ def tiny_model_folder(path):
 def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_path, monkeypatch):
     """The launching process runs the training processes, then the evaluation, with one accelerate prefix."""
     import tarpo.runs.launch as launcher
+    from tarpo.runs import training_run
 
     for name in ("RANK", "LOCAL_RANK", launcher.LAUNCHED):
         monkeypatch.delenv(name, raising=False)
@@ -322,7 +321,7 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
         monkeypatch.setenv(key, value)
     ran = []
     monkeypatch.setattr(launcher, "run_command", lambda cmd, env, stops=(): ran.append((cmd, env)) or 0)
-    monkeypatch.setattr(launcher, "train", lambda cfg, args, ident: pytest.fail("the launching process trained"))
+    monkeypatch.setattr(training_run, "train", lambda cfg, args, ident: pytest.fail("the launching process trained"))
     assert launcher.main(["gsm8k"]) == 0
     (train_cmd, train_env), (eval_cmd, eval_env) = ran
     prefix = [launcher.sys.executable, *ACCELERATE, "--num_processes", "2", "--multi_gpu"]
@@ -336,7 +335,7 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
     # in the launched processes: every one trains, none evaluates (the launching process does), rank 0 alone prints
     monkeypatch.setenv(launcher.LAUNCHED, "1")
     trained = []
-    monkeypatch.setattr(launcher, "train", lambda cfg, args, ident: trained.append(
+    monkeypatch.setattr(training_run, "train", lambda cfg, args, ident: trained.append(
         cfg.trainer["per_device_train_batch_size"]) or str(run / "adapter"))
     monkeypatch.setattr(launcher, "evaluate", lambda cfg, adapter: pytest.fail("a launched process evaluated"))
     for rank in ("1", "0"):

@@ -63,6 +63,7 @@ def test_training_activations_match_a_measured_peak(case):
     LoRA with non-reentrant gradient checkpointing, bf16 weights under the trainer's autocast
     (:func:`tarpo.engine.precision.mixed_precision`), as the trainer runs it."""
     from tarpo.engine.router import Router
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.training.scoring import ScoreSettings, score_rollout
 
     arch, d, inter, layers, heads, kv, vocab, mb, P, T = case
@@ -78,7 +79,8 @@ def test_training_activations_match_a_measured_peak(case):
     backbone = Backbone(model)
     with mode, mixed_precision(backbone):  # the trainer's precision (tests/test_gpu_path.py checks it uses this)
         s = score_rollout(backbone, router, router.frozen_copy(), rollout,
-                          ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True))
+                          ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True),
+                          TOP_K_MIXTURE)
         (s.logp_tok.sum() + s.logp_act.sum() + s.kl_tok.sum() + s.kl_act.sum()).backward()
     shapes = mp.shapes_of(model.config, ATTENTION, 8)
     parts = mp.train_bytes(shapes, mp.Run(rows=mb, prompt=P, completion=T, soft_top_k=4), mb)
@@ -95,6 +97,7 @@ ROLLOUT_CASES = [(512, 8, 128, 48), (65536, 16, 8, 8)]
 @pytest.mark.parametrize("case", ROLLOUT_CASES, ids=["prefill", "decode-step"])
 def test_eager_rollout_matches_a_measured_peak(case):
     from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.engine.router import Router
 
     vocab, B, P, T = case
@@ -106,8 +109,8 @@ def test_eager_rollout_matches_a_measured_peak(case):
     mode = LiveStorage()
     backbone = Backbone(model)
     with mode, mixed_precision(backbone):  # as the trainer rolls out
-        out = hybrid_generate(Policy(backbone, lambda i: "x", [], 0, Router(128, bias=[0.0, 0.0])), ids, mask, spec,
-                              noise_seed=1)
+        policy = Policy(backbone, lambda i: "x", [], 0, Router(128, bias=[0.0, 0.0]), TOP_K_MIXTURE)
+        out = hybrid_generate(policy, ids, mask, spec, noise_seed=1)
     assert out.token_ids.shape == (B, T)
     run = mp.Run(rows=B, prompt=P, completion=T, engine="eager")
     s = mp.shapes_of(model.config, ATTENTION, 8)
@@ -286,15 +289,33 @@ def test_the_shell_launcher_prints_the_plan():
 
 
 def fake_gpu(monkeypatch, gib):
+    """CUDA with a GPU of ``gib`` GiB, as the launcher's checks and plan see it; the run's TarpoConfig is built as on
+    a CPU (transformers would set up the CUDA device it sees)."""
+    from tarpo.runs import run_config
+    build = run_config.trainer_arguments
+    monkeypatch.setattr(run_config, "trainer_arguments",
+                        lambda cfg, cuda, whole_step=False: build(cfg, False, whole_step))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(gib * mp.GIB), int(gib * mp.GIB)))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: f"fake {gib} GiB")
 
 
+def test_without_bitsandbytes_the_plan_counts_the_moments_training_keeps(monkeypatch, capsys):
+    """TarpoConfig trains adamw_torch where bitsandbytes cannot load (tarpo.config.resolve_optimizer): the plan
+    counts its 8-byte moments, from the validated configuration (before: 2-byte 8-bit ones, from the raw OPTIM)."""
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import bitsandbytes` raises, as where it is missing
+    status, out, err = run_launcher(monkeypatch, capsys, "math", MODEL="qwen2.5-3b", DRY_RUN="1")
+    assert status == 0, err
+    plan = json.loads(out.strip().splitlines()[-1])["memory_plan"]
+    s = mp.shapes_of(mp.preset_config("qwen2.5-3b"), ATTENTION, 32)
+    run = mp.Run(rows=64, prompt=1024, completion=1024, decode_merge=plan["decode_merge"])
+    fp32 = mp.plan(s, replace(run, optim_8bit=False), plan["micro_batch"])
+    eight = mp.plan(s, run, plan["micro_batch"])
+    assert round(fp32["peak_gib"], 2) == plan["peak_gib"] != round(eight["peak_gib"], 2)
+
+
 def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
-    from tarpo.runs import launch
     fake_gpu(monkeypatch, 40)
-    monkeypatch.setattr(launch, "trainer_arguments", lambda cfg, cuda, whole_step: None)  # it would ask for a bf16 GPU
     status, out, err = run_launcher(monkeypatch, capsys, "math", MODEL="qwen2.5-3b", DRY_RUN="1")
     assert status == 0, err
     plan = json.loads(out.strip().splitlines()[-1])["memory_plan"]
@@ -313,9 +334,9 @@ def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
     ({"BATCH": "1024", "MODEL": "llama3.1-8b"}, "BATCH: the run needs"),
 ])
 def test_bad_micro_batches_are_refused_before_anything_loads(monkeypatch, capsys, tmp_path, env, message):
-    from tarpo.runs import launch
+    from tarpo.runs import training_run
     fake_gpu(monkeypatch, 79.1)
-    monkeypatch.setattr(launch, "train", lambda cfg, args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(training_run, "train", lambda cfg, args, ident: pytest.fail("the model was loaded"))
     status, out, err = run_launcher(monkeypatch, capsys, "dapo", OUT_DIR=str(tmp_path / "runs"), **env)
     assert status == 2 and message in err
     if "needs" in message:

@@ -186,7 +186,7 @@ def test_micro_batches_accumulate_the_gradient_of_the_whole_batch(tokenizer, tmp
     assert nonzero(group(token[0]["grads"], "lora_"))
     assert token[2] != list(range(G * PROMPTS)), "TRL did not shuffle the generation batch: the check proves less"
     if routing == "hrpo":
-        assert nonzero(group(token[0]["grads"], "tarpo_gate"))
+        assert nonzero(group(token[0]["grads"], "tarpo_soft_input"))
 
     kl = both(reward=constant_reward, beta=1.0)
     # exact: a constant reward 1.0 has mean 1.0 exactly: advantages 0.0

@@ -21,7 +21,7 @@ def test_report_to_is_none_by_default_and_takes_a_list():
 
 
 def test_an_unknown_integration_is_refused_naming_report_to_before_anything_loads():
-    from tarpo.runs.launch import trainer_arguments
+    from tarpo.runs.run_config import trainer_arguments
     from tarpo.runs.presets import resolve
 
     with pytest.raises(ValueError, match=r"^REPORT_TO='tensorbord': tensorbord is not supported, only .*tensorboard"):
@@ -45,11 +45,11 @@ def test_two_steps_reported_to_tensorboard_hold_the_loss_reward_and_router_scala
                LORA_ALPHA="8", REPORT_TO="tensorboard")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    built = []  # the launch builds its TarpoConfig once (tarpo.runs.launch.trainer_arguments) and trains with it
+    built = []  # the launch validates a TarpoConfig, plans from it, then trains with the final one (run_config)
     post_init = TarpoConfig.__post_init__
     monkeypatch.setattr(TarpoConfig, "__post_init__", lambda self: built.append(self) or post_init(self))
     assert launch.main(["gsm8k"]) == 0, capsys.readouterr().err[-3000:]
-    assert len(built) == 1
+    assert len(built) == 2
     (run,) = (tmp_path / "runs").iterdir()
     (events,) = run.glob("runs/*/events.out.tfevents.*")  # transformers' TensorBoardCallback: <output_dir>/runs/<time>
     board = EventAccumulator(str(events.parent))

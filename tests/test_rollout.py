@@ -5,6 +5,7 @@ from helpers import BiasedBackbone, ScriptedBackbone, policy_of, encode_prompts
 from tarpo.engine.backbone import Backbone
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
+from tarpo.engine.soft_input import TOP_K_MIXTURE
 from tarpo.training.scoring import ScoreSettings, score_rollout, sequence_hidden
 
 PROMPTS = ["what is 2+3?", "hi", "a longer prompt here"]
@@ -56,7 +57,7 @@ def test_cached_decode_equals_full_forward_with_padding_and_mixed_rows(model, to
     backbone.logits = orig
     assert torch.equal(again.token_ids, out.token_ids)  # exact: integer ids
     with torch.no_grad():
-        full = backbone.logits(sequence_hidden(backbone, out))
+        full = backbone.logits(sequence_hidden(backbone, out, TOP_K_MIXTURE))
     for t, step_logits in enumerate(seen):
         rows = out.completion_mask[:, t]
         torch.testing.assert_close(step_logits[rows], full[rows, t], atol=1e-4, rtol=0)
@@ -69,7 +70,8 @@ def test_compacted_rollout_scores_match_full_forward(model, tokenizer):
     assert out.ended_with_eos.any()
     with torch.no_grad():
         scores = score_rollout(backbone, router, None, out,
-                               ScoreSettings(temperature=0.8, chunk_size=7, use_router=True, with_reference=False))
+                               ScoreSettings(temperature=0.8, chunk_size=7, use_router=True, with_reference=False),
+                               TOP_K_MIXTURE)
     m = out.completion_mask
     torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)
     p_soft = 1 - scores.p_hard
@@ -158,7 +160,8 @@ def test_the_eager_loop_syncs_with_the_host_only_at_its_end_checks(model, tokeni
     backbone = BiasedBackbone(model, bias)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0])
     soft_input = {"hrpo": lambda: HrpoGate(model.config.hidden_size), "learned_gumbel": lambda: GumbelTopK(0.5),
-                  "soft_tokens": lambda: GaussianSoftTokens(backbone.embed_weight)}.get(routing, lambda: None)()
+                  "soft_tokens": lambda: GaussianSoftTokens.of_embedding(backbone.embed_weight)}.get(
+                      routing, lambda: None)()
     spec = RolloutSpec(max_new_tokens=3 * DONE_CHECK_EVERY + 5, temperature=0.8, soft_top_k=5, routing=routing)
     kw = {"noise_seed": 7} if keyed else {"generator": torch.Generator().manual_seed(7)}
     enc = encode_prompts(tokenizer, PROMPTS)

@@ -70,7 +70,7 @@ def test_a_gumbel_rollout_is_rebuilt_exactly_in_training_and_its_draw_is_scored(
     assert soft.sum() >= 10 and (m & out.decided & ~out.is_soft).any()
     # the weights are a draw, not the plain top-k softmax of the step's logits
     with torch.no_grad():
-        logits = backbone.logits(sequence_hidden(backbone, out)[soft]).float() / 0.8
+        logits = backbone.logits(sequence_hidden(backbone, out, gumbel)[soft]).float() / 0.8
     ids, plain = soft_topk(logits, 5)
     assert torch.equal(ids, out.soft_ids[soft])  # exact: integer ids
     torch.testing.assert_close(out.soft_weights[soft].sum(-1), torch.ones(int(soft.sum())))

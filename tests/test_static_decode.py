@@ -66,7 +66,7 @@ def run_both(model, tokenizer, routing, seed=0, **spec_kw):
     if routing == "hrpo":
         soft_input = HrpoGate(model.config.hidden_size, mixture=spec_kw.pop("mixture", "full"), a_range=(0.5, 0.6))
     elif routing == "soft_tokens":
-        soft_input = GaussianSoftTokens(backbone.embed_weight)
+        soft_input = GaussianSoftTokens.of_embedding(backbone.embed_weight)
     elif routing == "learned_gumbel":
         soft_input = GumbelTopK(0.5)
     enc = encode_prompts(tokenizer, PROMPTS)

@@ -46,7 +46,7 @@ pytestmark = [needs("gsm8k"), pytest.mark.skipif(not os.path.isdir(os.path.join(
 
 def rate(name: str) -> float:
     """The learning rate of a tensor's parameter group in the worker's runs (LR, ROUTER_LR, HRPO_LR)."""
-    return 1e-2 if "tarpo_router" in name or "tarpo_gate" in name else 1e-3
+    return 1e-2 if "tarpo_router" in name or "tarpo_soft_input" in name else 1e-3
 
 
 def rel(a, b) -> float:
@@ -83,7 +83,7 @@ def test_unsloth_trains_what_transformers_trains(runs, case):
     assert sorted(un["grads"]) == sorted(hf["grads"]) == list(range(1, STEPS + 1))
     names = sorted(n for n in hf["initial"] if n != "checkpointing")
     assert names == sorted(n for n in un["initial"] if n != "checkpointing")
-    assert any("lora_A" in n for n in names) and any("tarpo_router" in n or "tarpo_gate" in n for n in names)
+    assert any("lora_A" in n for n in names) and any("tarpo_router" in n or "tarpo_soft_input" in n for n in names)
     # exact: the hf run copies the Unsloth run's initial tensors
     assert all(np.array_equal(un["initial"][n], hf["initial"][n]) for n in names)  # the same start
     assert un["initial"]["checkpointing"] is False and hf["initial"]["checkpointing"] is True  # Unsloth's own

@@ -16,6 +16,7 @@ import os
 
 from ..config import add_flags
 from ..evaluation.case_study import case_study
+from ..evaluation.system import RUN_FLAGS
 from ..atomic_files import write_text_atomic
 from ..algorithms import MODES
 from ..tasks.registry import TASKS
@@ -29,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="local data root holding <task>/")
     p.add_argument("--ids", required=True, help="comma-separated question ids")
     p.add_argument("--n", type=int, default=8, help="samples per question (one group)")
-    add_flags(p, ("temperature", "soft_top_k"))  # defaults and help: TarpoConfig's
+    add_flags(p, ("temperature", "soft_top_k", *RUN_FLAGS), from_run=RUN_FLAGS)  # defaults and help: TarpoConfig's
     p.add_argument("--max-new-tokens", type=int, help="default: the task's evaluation length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="HTML file to write")

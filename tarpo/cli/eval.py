@@ -15,7 +15,8 @@ from the same run when the MATH-500 ids can be loaded.
 
 Modes (docs/algorithm.md §3/§7): the table :data:`tarpo.algorithms.MODES` (``--help`` lists them).
 Sampling defaults: TarpoConfig's (``--help`` prints them), router sampling, lengths per task from
-docs/algorithm.md §5.
+docs/algorithm.md §5; the routing rule's own settings (mode entropy's threshold, temperature and side) are the
+trained run's, saved beside its adapter (``routing_settings.json``), unless a flag sets them.
 
 Data parallel: ``accelerate launch --multi_gpu --num_processes N -m tarpo.cli eval ...`` (or
 ``torchrun``; on CPUs add ``ACCELERATE_USE_CPU=true``) deals the chunks still to do to N processes;
@@ -34,15 +35,15 @@ from ..atomic_files import check_writable_folder
 from ..config import ENGINES, add_flags, sampling_problem
 from ..engine.engine_choice import engine_for
 from ..evaluation.pipeline import evaluate
-from ..evaluation.system import check_system
+from ..evaluation.system import RUN_FLAGS, check_system, fill_run_settings
 from ..models.loading import BACKENDS, DTYPES, resolve_backend
 from ..models.quantized import check_not_quantized
 from ..algorithms import MODES, SAMPLES
 from ..tasks.registry import TASKS
 
-# the sampling settings of tarpo eval: flags of the TarpoConfig fields of the same names
-SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "action_temperature", "soft_top_k", "entropy_threshold",
-                  "entropy_temperature", "entropy_soft_when")
+# the sampling settings of tarpo eval: flags of the TarpoConfig fields of the same names (those of RUN_FLAGS: the
+# trained run's by default, read beside its adapter)
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "action_temperature", "soft_top_k", *RUN_FLAGS)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-name", help="model label in tables (default: last part of --model)")
     p.add_argument("--n", type=int, help=f"samples per question (default {SAMPLES}; greedy: 1)")
     p.add_argument("--k", help="comma-separated k for pass@k and maj@k (default 1 and n)")
-    add_flags(p, SAMPLING_FLAGS)  # defaults and help: TarpoConfig's
+    add_flags(p, SAMPLING_FLAGS, from_run=RUN_FLAGS)  # defaults and help: TarpoConfig's
     p.add_argument("--router-argmax", action="store_true", help="route by argmax instead of sampling")
     p.add_argument("--max-prompt-length", type=int, help="default per task (docs/algorithm.md §5)")
     p.add_argument("--max-new-tokens", type=int, help="default per task (docs/algorithm.md §5)")
@@ -105,6 +106,7 @@ def check_arguments(args) -> None:
         args.router_argmax = True
     args.ks = _ks(args)
     check_system(args.adapter, args.mode)
+    fill_run_settings(args)  # the routing settings the run was trained with, where no flag sets them
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise ValueError(f"--data-dir {args.data_dir}: no such folder")
     if (problem := sampling_problem(args)) is not None:  # the sampling flags: TarpoConfig's fields and rule

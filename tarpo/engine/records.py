@@ -10,7 +10,7 @@ that ran; the trainer rebuilds every input of the training forward from them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -44,6 +44,10 @@ class Rollout:
     @property
     def hard_tokens(self) -> torch.Tensor:
         return (self.completion_mask & ~self.is_soft).sum(-1)
+
+
+ROLLOUT_FIELDS = tuple(f.name for f in fields(Rollout))  # its records, in order (the trainer's batch keys)
+SOFT_RECORDS = ("soft_ids", "soft_weights", "soft_inputs")  # what it records of its soft steps (the soft inputs')
 
 
 def new_records(batch: int, steps: int, k: int, soft_input_dim: int, pad_token_id: int, device) -> dict:

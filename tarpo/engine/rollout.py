@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from ..config import DECODE_MERGES, default, sampling_problem
-from ..algorithms import routing_rule
+from ..algorithms import ROUTINGS, Routing, routing_rule
 from .backbone import positions_from_mask
 from .engine_choice import check_engine, engine_for
 from .grouped_attention import grouped_decode_attention_on
@@ -78,6 +78,11 @@ class RolloutSpec:
         if (problem := sampling_problem(self)) is not None:  # the sampling settings' rule, TarpoConfig's
             name, why = problem
             raise ValueError(f"RolloutSpec.{name}={getattr(self, name)!r}: {why}")
+
+    @property
+    def rule(self) -> Routing:
+        """The routing rule of ``routing`` (:data:`tarpo.algorithms.ROUTINGS`), as :attr:`TarpoConfig.rule`."""
+        return ROUTINGS[self.routing]
 
     @classmethod
     def from_config(cls, config, **overrides) -> "RolloutSpec":

@@ -21,11 +21,14 @@ A worked example, hard routing on a two-token vocabulary (token 1 is EOS)::
 
     >>> from types import SimpleNamespace as NS
     >>> from tarpo.engine.rollout import RolloutSpec
+    >>> from tarpo.engine.soft_input import TOP_K_MIXTURE
     >>> E = torch.eye(2)
     >>> bb = NS(embed_weight=E, logits=lambda h: h, lm_head=NS(weight=E))
     >>> spec = RolloutSpec(max_new_tokens=4, temperature=1.0, top_k=0, top_p=1.0, soft_top_k=2, routing="hard",
     ...                    greedy=True)
-    >>> ctx = DecodeContext.build(spec, Policy(bb, ["a", "b"].__getitem__, eos_token_ids=[1], pad_token_id=0), "cpu")
+    >>> policy = Policy(bb, ["a", "b"].__getitem__, eos_token_ids=[1], pad_token_id=0, router=None,
+    ...                 soft_input=TOP_K_MIXTURE)
+    >>> ctx = DecodeContext.build(spec, policy, "cpu")
     >>> out = hybrid_step(ctx, torch.tensor([[2.0, 0.0], [0.0, 2.0]]), new_state(2, "cpu"), 0, None)
     >>> out.tokens.tolist(), out.records["decided"].tolist(), out.state["alive"].tolist(), out.inputs.tolist()
     ([0, 1], [True, False], [True, False], [[1.0, 0.0], [0.0, 1.0]])
@@ -37,9 +40,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ..algorithms import ALWAYS, ENTROPY, NEVER, ROUTINGS
+from ..algorithms import ALWAYS, ENTROPY, NEVER
 from . import tag_automaton
-from .soft_input import TOP_K_MIXTURE
 from .sampling import (STREAM_ROUTE, STREAM_TOKEN, filter_logits, gumbel_argmax, logprobs_and_entropy, sample_tokens,
                        step_normals, step_uniforms)
 
@@ -52,8 +54,8 @@ class Policy(NamedTuple):
     token_text: Callable[[int], str]  # token id -> text, read by the answer tag's automaton (tagging.token_text_fn)
     eos_token_ids: object            # the ids that end a row
     pad_token_id: int
-    router: object = None            # tarpo.engine.router.Router; needed only by the learned routings
-    soft_input: object = TOP_K_MIXTURE  # what a soft step feeds: the routing's soft input (tarpo.engine.soft_input)
+    router: object                   # tarpo.engine.router.Router; None but under the learned routings
+    soft_input: object               # what a soft step feeds: the routing's soft input (tarpo.engine.soft_input)
 
 
 class DecodeContext(NamedTuple):
@@ -84,7 +86,7 @@ class DecodeContext(NamedTuple):
     def build(cls, spec, policy: Policy, device, generator=None) -> "DecodeContext":
         """The context of a rollout of ``policy`` under ``spec`` (the routing's needs checked), its tag tables
         and end ids on ``device``."""
-        r, soft_input = ROUTINGS[spec.routing], policy.soft_input
+        r, soft_input = spec.rule, policy.soft_input
         if r.router and policy.router is None:
             raise ValueError(f"routing={spec.routing!r} needs a router")
         if getattr(soft_input, "name", None) != r.soft_input:
@@ -155,7 +157,7 @@ def _draw_token(ctx, filtered, t, keys):
 def _route(ctx, hidden, logits, entropy, decide, t, keys):
     """d_t (bool [B], True = soft) for the rows in ``decide``, and rho(soft|h_t) (0 where no learned decision)."""
     spec = ctx.spec
-    p_soft, when = torch.zeros_like(entropy), ROUTINGS[spec.routing].soft_when
+    p_soft, when = torch.zeros_like(entropy), spec.rule.soft_when
     if when == NEVER:
         return torch.zeros_like(decide), p_soft
     if when == ALWAYS:

@@ -14,13 +14,12 @@ import os
 
 import torch
 
-from ..engine.rollout import RolloutSpec
 from ..engine.tagging import token_text_fn
 from ..tasks.graders import grade_batch
 from ..tasks.registry import TASKS, load_task
 from ..training.objective import group_advantages
 from .sample import sample
-from .system import check_system, load_system
+from .system import RUN_FLAGS, check_system, fill_run_settings, load_system, rollout_spec
 
 STYLE = """body{font-family:sans-serif;max-width:60em;margin:2em auto}
 .q{margin-top:2em;border-top:2px solid #444}.s{margin:1em 0;padding:.5em;border:1px solid #ccc}
@@ -66,9 +65,11 @@ def page(title: str, questions: list[tuple[dict, list[dict]]], token_text) -> st
 
 def case_study(args) -> str:
     """The page of ``tarpo case`` for the namespace of its flags (``model``, ``adapter``, ``mode``,
-    ``task``, ``data_dir``, ``ids``, ``n``, ``temperature``, ``soft_top_k``, ``max_new_tokens``,
-    ``seed``): the system and the questions are checked before the model loads."""
+    ``task``, ``data_dir``, ``ids``, ``n``, ``temperature``, ``soft_top_k``, the routing rule's settings of
+    :data:`tarpo.evaluation.system.RUN_FLAGS` (None: the run's), ``max_new_tokens``, ``seed``): the system, its
+    run's settings and the questions are checked before the model loads."""
     check_system(args.adapter, args.mode)
+    fill_run_settings(args)
     examples = list(load_task(args.task, args.data_dir and os.path.join(args.data_dir, args.task)))
     by_id = {str(ex["id"]): ex for ex in examples}
     wanted = [i.strip() for i in args.ids.split(",") if i.strip()]
@@ -79,8 +80,8 @@ def case_study(args) -> str:
         raise ValueError("--n must be >= 2 (advantages are relative to the group)")
     system = load_system(args.model, args.adapter, args.mode)
     prompt_len, new_tokens = TASKS[args.task].eval_lengths
-    spec = RolloutSpec(max_new_tokens=args.max_new_tokens or new_tokens, temperature=args.temperature,
-                       soft_top_k=args.soft_top_k)
+    spec = rollout_spec({"max_new_tokens": args.max_new_tokens or new_tokens, "temperature": args.temperature,
+                         "soft_top_k": args.soft_top_k, **{name: getattr(args, name) for name in RUN_FLAGS}})
     generator = torch.Generator(system.device).manual_seed(args.seed)
     chosen = [by_id[i] for i in wanted]
     recs = sample(system, chosen, args.n, spec, max_prompt_length=prompt_len, batch_size=len(chosen) * args.n,

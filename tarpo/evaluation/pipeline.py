@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from ..engine.rollout import RolloutSpec
 from ..atomic_files import write_json_atomic
 from ..algorithms import ENTROPY, MODES
 from ..tasks.prompts import prompt_ids
@@ -29,7 +28,7 @@ from ..tasks.registry import TASKS, load_task
 from .ranks import processes, rank0_first
 from .results import summary_line, task_results
 from .sample import sample, score_records
-from .system import load_system
+from .system import load_system, rollout_spec
 from .trajectories import TrajectoryFile
 
 
@@ -74,12 +73,7 @@ def sample_task(args, task: str, examples: list, traj: TrajectoryFile, system, r
     process would, and rank 0 gathers the round and appends its chunks in order. So the file is
     the one a single process writes, and a run killed between appends resumes like one."""
     saved = traj.settings  # the task's settings, as its trajectory file records them
-    spec = RolloutSpec(max_new_tokens=saved["max_new_tokens"], temperature=saved["temperature"],
-                       top_k=saved["top_k"], top_p=saved["top_p"], soft_top_k=saved["soft_top_k"],
-                       entropy_threshold=saved["entropy_threshold"],
-                       entropy_temperature=args.entropy_temperature,
-                       entropy_soft_when=args.entropy_soft_when, router_greedy=args.router_argmax,
-                       engine=saved.get("engine") or "eager")
+    spec = rollout_spec(saved)
     if spec.engine != "eager":  # one compiled graph per task: its longest prompt, every chunk padded to a full one
         spec = dataclasses.replace(spec, batch_size=saved["questions_per_chunk"] * args.n,
                                    max_prompt_length=longest_prompt(system.tokenizer, examples,

@@ -20,10 +20,7 @@ from dataclasses import replace
 import torch
 
 from ..engine.precision import mixed_precision
-from ..engine.rollout import Policy, RolloutSpec, hybrid_generate
-from ..engine.tagging import token_text_fn
-from ..models.backends import make_backbone
-from ..models.loading import stop_token_ids
+from ..engine.rollout import RolloutSpec, hybrid_generate
 from ..algorithms import inference_mode
 from ..tasks.graders import grade_batch
 from ..tasks.prompts import encode_prompts
@@ -44,20 +41,17 @@ def sample(system, examples: list[dict], n: int, spec: RolloutSpec, *, max_promp
     ``system`` (:class:`tarpo.evaluation.system.System`: model, router, soft input, tokenizer, in its inference mode);
     ``generator`` (optional) drives all sampling, else torch's global RNG. ``soft_detail`` > 0 adds each soft
     step's top mixture entries (``soft_top``)."""
-    model, router, tokenizer, mode = system.model, system.router, system.tokenizer, system.mode
-    if inference_mode(mode).rule.router and router is None:
+    tokenizer, mode, device = system.tokenizer, system.mode, system.device
+    if inference_mode(mode).rule.router and system.router is None:
         raise ValueError(f"mode {mode!r} needs a trained router")
     spec = spec_for_mode(mode, spec)
-    backbone = make_backbone(model)
-    device = system.device
-    policy = Policy(backbone, token_text_fn(tokenizer), stop_token_ids(model, tokenizer), tokenizer.pad_token_id,
-                    router, system.soft_input)
+    policy = system.policy()
     jobs = [(ex, i) for ex in examples for i in range(n)]
     records = []
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
         ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device)
-        with mixed_precision(backbone):  # the precision training rolled out in (tarpo.engine.precision)
+        with mixed_precision(policy.backbone):  # the precision training rolled out in (tarpo.engine.precision)
             out = hybrid_generate(policy, ids, mask, spec, generator=generator)
         for row, (ex, i) in enumerate(chunk):
             records.append({"id": ex["id"], "sample": i, **trajectory_fields(out, row, tokenizer, soft_detail)})

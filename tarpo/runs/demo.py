@@ -33,11 +33,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
 from ..config import ENGINES, TarpoConfig, add_flags, default
-from ..engine.rollout import RolloutSpec
 from ..evaluation.plot import plot_runs
 from ..atomic_files import publish_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from ..evaluation.sample import sample, score_records, summarize
-from ..evaluation.system import load_system
+from ..evaluation.system import load_system, rollout_spec
 from ..algorithms import ALGOS
 from ..tasks.graders import reward_function
 from ..tasks.registry import load_task, messages
@@ -210,9 +209,9 @@ def train_rl(algo: str, base: str, out_dir: str, args, reward=None) -> str:
 # ---------------------------------------------------------------- evaluation and report
 def evaluate_system(name: str, base: str, adapter: str | None, args) -> dict:
     mode = ALGOS[name].eval_mode if name in ALGOS else "cot"
-    system = load_system(base, adapter, mode, dtype="float32", device="cpu")  # GRPO's untrained router left out
+    system = load_system(base, adapter, mode, dtype="float32", device="cpu")
     examples = list(load_task("arith", split="test"))[: args.eval_questions]
-    spec = RolloutSpec(max_new_tokens=args.max_new_tokens, temperature=args.temperature, routing="hard")
+    spec = rollout_spec({"max_new_tokens": args.max_new_tokens, "temperature": args.temperature})
     torch.manual_seed(args.seed)
     per_call = max(1, 128 // args.eval_n)  # questions a batch of at most 128 samples holds (the batches of one call)
     records = []

@@ -1,5 +1,5 @@
 """The launcher's configuration, typed: :class:`LaunchConfig`, what :func:`tarpo.runs.presets.resolve` makes
-of the launcher's variables (:func:`tarpo.runs.launch.trainer_arguments` builds the run's one
+of the launcher's variables (:func:`tarpo.runs.run_config.trainer_arguments` builds the run's
 :class:`tarpo.config.TarpoConfig` from it).
 
 A ``LaunchConfig`` is frozen: the steps after ``resolve`` (the device, the memory plan, the launch command)
@@ -49,7 +49,7 @@ class LaunchConfig:
     cpu_max_hours: float          # CPU_MAX_HOURS
     bf16_set: bool                # BF16 was set: a CPU run then trains in bf16 too (else in fp32)
     trainer: Mapping[str, object]  # TarpoConfig's keyword arguments (read-only)
-    memory_plan: Mapping[str, object] | None = None  # tarpo.runs.launch.plan_memory's result
+    memory_plan: Mapping[str, object] | None = None  # tarpo.runs.run_config.plan_memory's result
     launch_command: str | None = None  # the accelerate launch command of a run with several processes
 
     def __post_init__(self):

@@ -77,7 +77,8 @@ class Run:
     backend: str = "hf"        # hf or unsloth (offloads its gradient checkpoints to CPU memory)
     soft_top_k: int = default("soft_top_k")
     full_mix: bool = False     # soft steps record a d-wide fp32 mixture (HRPO "full", Soft Tokens)
-    gate: bool = False         # HRPO's gate: 2 d x d fp32 maps and Λ
+    router: bool = True        # a router is trained (the learned routings): 2 d + 2 fp32 parameters
+    soft_params: int = 0       # the soft input's trained fp32 parameters (SoftInputBase.trained_elements)
     optim_8bit: bool = True    # 8-bit AdamW: 2 bytes of moments per LoRA parameter, else 8
     chunk: int = default("logprob_chunk_size")
     full_kl: bool = False      # token_kl="full": a second fp32 [chunk, V] set for the reference
@@ -182,14 +183,14 @@ def cache_positions(run: Run) -> int:
 
 
 def persistent_bytes(s: Shapes, run: Run, phase: str = "train") -> dict:
-    """Alive the whole run: bf16 weights, fp32 LoRA + router (+ HRPO gate) and optimizer state.
+    """Alive the whole run: bf16 weights, fp32 LoRA + router (+ the soft input's parameters) and optimizer state.
 
     Sharded over ``N = run.shards`` processes (FSDP2), a process holds ``1/N`` of each, and gathers whole
     what it computes with: for the ``"rollout"`` the whole model (beside its own shards), for training
     the embedding and the head (read directly by the scoring) and two decoder layers (the one running
     and the one FSDP prefetches)."""
     d, N = s.hidden, run.shards
-    trained_fp32 = 2 * d + 2 + (2 * (d * d + d) + d if run.gate else 0)  # router, gate: fp32 Adam state
+    trained_fp32 = (2 * d + 2 if run.router else 0) + run.soft_params  # router, soft input: fp32 Adam state
     moments = 2 if run.optim_8bit else 8
     weights, lora = s.params * run.weight_bytes, s.lora_params * (4 + moments) + trained_fp32 * (4 + 8)
     if N == 1:

@@ -59,6 +59,7 @@ MODELS = {
                         router_lr=2e-6, config=ARCHITECTURES["llama3.1-8b"]),
 }
 DEFAULT_MODEL = "qwen2.5-3b"
+CPU_MAX_HOURS = 12.0  # without CUDA, a run estimated to take longer is refused (tarpo.runs.training_run)
 
 # LORA_TARGETS presets: "paper" = Table 6's query, key, value, dense; "all-linear" = the authors' released
 # scripts (TARPO's tarpo_*.py and HRPO's hrpo_*.py), which also adapt the MLP projections
@@ -294,6 +295,8 @@ def checked_variables(dataset: str, env: dict[str, str]) -> tuple[dict, dict, di
     for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
+    if "CPU_MAX_HOURS" in s and s["CPU_MAX_HOURS"] <= 0:
+        raise ValueError(f"CPU_MAX_HOURS={s['CPU_MAX_HOURS']}: must be > 0 (hours)")
     out_dir = s.get("OUT_DIR", "runs")
     check_writable_folder(out_dir, f"OUT_DIR={out_dir}")
     if "DATA_PATH" in s and not os.path.exists(s["DATA_PATH"]):
@@ -309,23 +312,24 @@ def checked_variables(dataset: str, env: dict[str, str]) -> tuple[dict, dict, di
     return env, s, overrides
 
 
-def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
-    """The full configuration of a launcher run; ``env`` maps variable names to strings
-    (empty or absent = the preset). Raises ``ValueError`` naming the bad variable."""
-    env, s, overrides = checked_variables(dataset, env)
-    algo, model_key = s.get("ALGO", "tarpo"), s.get("MODEL", DEFAULT_MODEL)
-    preset, out_dir = MODELS.get(model_key.lower()), s.get("OUT_DIR", "runs")
+def trainer_settings(dataset: str, algo: str, preset: dict | None, overrides: dict) -> dict:
+    """TarpoConfig's keyword arguments of a run: the algorithm's, the data set's and the model's presets, then the
+    launcher's variables. TRL's own rules on them (a group of at least 2 completions, a step of whole groups) are
+    TRL's config's to check (:func:`tarpo.runs.run_config.trainer_arguments` names the variables)."""
     data = DATASETS[dataset]
     trainer = {**common(algo), **{k: v for k, v in data.items() if k not in ("task", "eval_tasks")},
                **{k: v for k, v in (preset or {}).items() if k not in ("hub_id", "config")},
                "routing": ALGOS[algo].name}
     trainer.update(overrides)
-    group, batch = trainer["num_generations"], trainer["per_device_train_batch_size"]
-    if group < 2:
-        raise ValueError(f"GROUP_SIZE={group}: a group-relative advantage needs at least 2 completions per prompt")
-    if batch < 1 or batch % group:
-        raise ValueError(f"BATCH={batch}: completions per step must be a positive multiple of GROUP_SIZE={group}")
-    # several processes share the step's completions: BATCH stays the completions per optimizer step
+    return trainer
+
+
+def parallel_settings(s: dict, env: dict, trainer: dict) -> dict:
+    """How the step's BATCH completions are shared: the processes (NUM_PROCESSES, else the ACCELERATE_CONFIG's),
+    the machines, FSDP2 sharding and the per-process batch, checked (BATCH a multiple of the processes,
+    MICRO_BATCH dividing a process's share). Sets ``trainer``'s per-process batch (and fp32 Adam under FSDP2
+    unless OPTIM is set); returns LaunchConfig's fields of them."""
+    batch = trainer["per_device_train_batch_size"]
     accelerate_config = s.get("ACCELERATE_CONFIG")
     configured, in_config, sharding = accelerate_settings(accelerate_config) if accelerate_config else (1, 1, None)
     processes = s.get("NUM_PROCESSES", configured)
@@ -343,23 +347,40 @@ def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
     if micro is not None and (batch // processes) % micro:
         raise ValueError(f"MICRO_BATCH={micro}: must divide the completions each process trains per step, "
                          f"BATCH/NUM_PROCESSES = {batch}/{processes} = {batch // processes}")
-    if s.get("CPU_MAX_HOURS", 1.0) <= 0:
-        raise ValueError(f"CPU_MAX_HOURS={s['CPU_MAX_HOURS']}: must be > 0 (hours)")
-    model = preset["hub_id"] if preset else model_key
-    short = model_key.lower() if preset else os.path.basename(os.path.normpath(model_key))
-    b0 = trainer["action_bias"]
-    name = s.get("RUN_NAME") or (f"{dataset}-{short}-{algo}-g{trainer['num_generations']}"
-                                 f"-bs{batch}-lr{trainer['learning_rate']:g}"
-                                 f"-beta{trainer['beta']:g}-b0{b0[0]:g}-s{trainer['seed']}")
-    out = os.path.join(out_dir, name)
+    return dict(num_processes=processes, accelerate_config=accelerate_config, sharding=sharding, micro_batch=micro,
+                backend="hf" if sharding else s.get("BACKEND", "auto"), **nodes)
+
+
+def run_name(dataset: str, model_key: str, preset: dict | None, algo: str, trainer: dict, batch: int) -> str:
+    """The run folder's default name (RUN_NAME): data set, model, algorithm and the settings that tell runs apart.
+
+    >>> run_name("math", "qwen2.5-3b", {}, "tarpo", dict(num_generations=8, learning_rate=5e-6, beta=0.005,
+    ...          action_bias=[2.2, 0.0], seed=0), 64)
+    'math-qwen2.5-3b-tarpo-g8-bs64-lr5e-06-beta0.005-b02.2-s0'
+    """
+    short = model_key.lower() if preset is not None else os.path.basename(os.path.normpath(model_key))
+    return (f"{dataset}-{short}-{algo}-g{trainer['num_generations']}-bs{batch}-lr{trainer['learning_rate']:g}"
+            f"-beta{trainer['beta']:g}-b0{trainer['action_bias'][0]:g}-s{trainer['seed']}")
+
+
+def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
+    """The full configuration of a launcher run; ``env`` maps variable names to strings
+    (empty or absent = the preset). Raises ``ValueError`` naming the bad variable."""
+    env, s, overrides = checked_variables(dataset, env)
+    algo, model_key = s.get("ALGO", "tarpo"), s.get("MODEL", DEFAULT_MODEL)
+    preset, data = MODELS.get(model_key.lower()), DATASETS[dataset]
+    trainer = trainer_settings(dataset, algo, preset, overrides)
+    batch = trainer["per_device_train_batch_size"]  # BATCH: the completions of a step, every process together
+    parallel = parallel_settings(s, env, trainer)
+    out = os.path.join(s.get("OUT_DIR", "runs"), s.get("RUN_NAME") or run_name(dataset, model_key, preset, algo,
+                                                                               trainer, batch))
     trainer["output_dir"] = out
+    model = preset["hub_id"] if preset else model_key
     return LaunchConfig(
         dataset=dataset, task=data["task"], algo=algo, system=ALGOS[algo].system, model=model,
         model_name=os.path.basename(model.rstrip("/")), run_dir=out, preset=model_key.lower() if preset else None,
-        micro_batch=micro, data_path=s.get("DATA_PATH"), train_limit=s.get("TRAIN_LIMIT"), eval=s.get("EVAL", False),
+        data_path=s.get("DATA_PATH"), train_limit=s.get("TRAIN_LIMIT"), eval=s.get("EVAL", False),
         eval_tasks=data["eval_tasks"], eval_mode=ALGOS[algo].eval_mode,
         eval_n=s.get("EVAL_N", MODES[ALGOS[algo].eval_mode].samples), eval_limit=s.get("EVAL_LIMIT"),
         eval_data_dir=s.get("EVAL_DATA_DIR"), dry_run=s.get("DRY_RUN", False),
-        backend="hf" if sharding else s.get("BACKEND", "auto"), num_processes=processes,
-        accelerate_config=accelerate_config, sharding=sharding, **nodes, cpu_max_hours=s.get("CPU_MAX_HOURS", 12.0),
-        bf16_set="BF16" in env, trainer=trainer)
+        cpu_max_hours=s.get("CPU_MAX_HOURS", CPU_MAX_HOURS), bf16_set="BF16" in env, trainer=trainer, **parallel)

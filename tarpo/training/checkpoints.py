@@ -2,8 +2,8 @@
 
 A save never writes into ``<run>/checkpoint-N`` (nor into ``<run>/adapter``): it writes into a
 temporary folder beside it (``<run>/.checkpoint-N.tmp/checkpoint-N``, ``<run>/.adapter.tmp``), the
-router, the reference router and HRPO's gate included, then a manifest of every file and its size
-(:data:`MANIFEST`) last; every file is fsynced and the folder is renamed into place
+router, the reference router, the soft input and the routing rule's settings included, then a manifest of every file
+and its size (:data:`MANIFEST`) last; every file is fsynced and the folder is renamed into place
 (:func:`publish`). A kill at any point leaves the previous checkpoints as they were and a hidden
 temporary folder that no one resumes from (:func:`remove_partial_saves` deletes it).
 
@@ -28,7 +28,9 @@ import os
 import re
 import shutil
 
+from ..algorithms import RULE_SETTINGS, rule_settings
 from ..atomic_files import publish_folder as publish  # what a checkpoint save publishes with (tarpo.atomic_files)
+from ..atomic_files import write_json_atomic
 
 MANIFEST = "checkpoint_manifest.json"
 FINAL_STATE = "final_state.json"
@@ -308,30 +310,30 @@ def load_optimizer_on_cpu(trainer, checkpoint: str) -> bool:
 REF_ROUTER_DIR = "router_ref"
 
 
-def save_heads(directory: str, router, ref_router, gate, write: bool) -> None:
-    """The router, the frozen reference router and the soft input's trained parameters (``gate``: HRPO's) into
-    ``directory`` (``write``: this is the process that writes). Every process calls it: under FSDP2 the router and
-    the gate are gathered first."""
+def save_heads(directory: str, router, ref_router, soft_input, args) -> None:
+    """The router, the frozen reference router, the soft input (its parameters and settings,
+    :meth:`tarpo.engine.soft_input.SoftInputBase.save`) and the routing rule's settings
+    (:data:`tarpo.algorithms.RULE_SETTINGS`, what evaluation decodes with) into ``directory``. Every process calls
+    it (``args.should_save``: the one that writes): under FSDP2 the router and the soft input are gathered first."""
     from . import sharding
     router_state = sharding.whole_state_dict(router) if router is not None else None
-    gate_state = sharding.whole_state_dict(gate) if gate is not None else None
-    if write:
+    soft_state = sharding.whole_state_dict(soft_input) if soft_input.kind.trained else None
+    if args.should_save:
         if router is not None:  # a routing without a router (GRPO) saves none
             router.save(directory, router_state)
             ref_router.save(os.path.join(directory, REF_ROUTER_DIR))
-        if gate is not None:
-            gate.save(directory, gate_state)
+        soft_input.save(directory, soft_state)
+        write_json_atomic(os.path.join(directory, RULE_SETTINGS), rule_settings(args))
 
 
-def load_heads(checkpoint: str, router, gate, device):
-    """The router and the soft input's trained parameters (``gate``: HRPO's) of ``checkpoint`` loaded into
-    ``router`` and ``gate`` (sharded or not; None: the routing has none); returns its frozen reference router on
+def load_heads(checkpoint: str, router, soft_input, device):
+    """The router and the soft input's trained parameters of ``checkpoint`` loaded into ``router`` and
+    ``soft_input`` (sharded or not; ``router`` None: the routing has none); returns its frozen reference router on
     ``device`` (None without a router)."""
-    from ..engine.soft_input import soft_input_class
     from ..engine.router import Router
     from . import sharding
-    if gate is not None:
-        sharding.load_whole(gate, soft_input_class(gate.name).load(checkpoint).state_dict())
+    if soft_input.kind.trained:
+        sharding.load_whole(soft_input, type(soft_input).load(checkpoint).state_dict())
     if router is None:  # a routing without a router
         return None
     sharding.load_whole(router, Router.load(checkpoint).state_dict())

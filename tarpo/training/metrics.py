@@ -53,7 +53,7 @@ def log_rollout(trainer, mode: str, rollout, rewards, rewards_per_func, n_trunc:
         metrics[f"completions/max_{name}"].append(values.max().item())
     metrics["completions/clipped_ratio"].append(1 - ended.float().mean().item())
     metrics["soft_ratio"].append((soft / units.sum().clamp(min=1)).item())
-    metrics["router/p_soft"].append((p_soft / decided.clamp(min=1)).item() if trainer.use_router else 0.0)
+    metrics["router/p_soft"].append((p_soft / decided.clamp(min=1)).item() if trainer.args.rule.router else 0.0)
     metrics["prompts/truncated"].append(float(n_trunc))
     trainer.state.num_input_tokens_seen += int(gather(rollout.prompt_mask.sum()[None]).sum() + units.sum())
     metrics["num_tokens"] = [trainer.state.num_input_tokens_seen]

@@ -13,7 +13,6 @@ import torch
 
 from ..config import IS_CORRECTIONS, SCALE_REWARDS, default
 from ..losses import LOSSES, importance_ratio, loss_variant
-from ..algorithms import ROUTINGS
 from .metrics import logp_drift
 
 
@@ -162,7 +161,7 @@ class LossSettings:
     def of(cls, args) -> "LossSettings":
         """The settings of a run's config (a :class:`tarpo.config.TarpoConfig`); the routing rule says whether
         the router terms exist and whether soft steps carry the token term."""
-        rule = ROUTINGS[args.routing]
+        rule = args.rule
         return cls(lambda_act=args.lambda_act, beta=args.beta, alpha=args.alpha_action_kl, use_router=rule.router,
                    detach_kl_weight=args.detach_kl_weight, token_loss_on_soft=rule.soft.feeds_token,
                    loss_type=args.loss_type, level=args.importance_sampling_level, clip_eps=args.epsilon,

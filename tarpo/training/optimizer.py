@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 
-def parameter_groups(model, router, gate, args) -> list[dict]:
-    """The trainable parameters of ``model`` in groups: LoRA at ``learning_rate`` with ``weight_decay``;
-    the router at ``router_lr`` without weight decay (its bias is the soft-rate prior b0, which decay
-    would erode); HRPO's gate as HRPO's optimizer groups it, W_r and W_i at ``hrpo_lr`` and Lambda at
-    ``hrpo_lambda_lr``, both with the weight decay. Empty groups are left out; ``router`` and ``gate`` may be
-    None (a routing without them)."""
-    router_ids = {id(p) for p in router.parameters()} if router is not None else set()
-    gate_ids = {id(p) for p in gate.parameters()} if gate is not None else set()
-    lam_ids = {id(gate.lam)} if gate is not None else set()
+def parameter_groups(model, router, soft_input, args) -> tuple[list[dict], list]:
+    """The trainable parameters of ``model`` in groups, and those of the small heads (router, soft input) that keep
+    fp32 optimizer state (:func:`keep_fp32_state`): LoRA at ``learning_rate`` with ``weight_decay``; the router at
+    ``router_lr`` without weight decay (its bias is the soft-rate prior b0, which decay would erode); the soft
+    input's own groups (:meth:`tarpo.engine.soft_input.SoftInputBase.parameter_groups`: HRPO's gate as HRPO's
+    optimizer groups it). Empty groups are left out; ``router`` may be None (a routing without one)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in trainable if id(p) not in router_ids | gate_ids], "weight_decay": args.weight_decay},
-        {"params": [p for p in trainable if id(p) in router_ids], "lr": args.router_lr, "weight_decay": 0.0},
-        {"params": [p for p in trainable if id(p) in gate_ids - lam_ids], "lr": args.hrpo_lr,
-         "weight_decay": args.weight_decay},
-        {"params": [p for p in trainable if id(p) in lam_ids], "lr": args.hrpo_lambda_lr,
-         "weight_decay": args.weight_decay},
-    ]
-    return [g for g in groups if g["params"]]
+    wanted = {id(p) for p in trainable}
+    own = [{**g, "params": [p for p in g["params"] if id(p) in wanted]} for g in soft_input.parameter_groups(args)]
+    router_params = [p for p in (router.parameters() if router is not None else ()) if id(p) in wanted]
+    heads = router_params + [p for g in own for p in g["params"]]
+    taken = {id(p) for p in heads}
+    groups = [{"params": [p for p in trainable if id(p) not in taken], "weight_decay": args.weight_decay},
+              {"params": router_params, "lr": args.router_lr, "weight_decay": 0.0}, *own]
+    return [g for g in groups if g["params"]], heads
 
 
 def keep_fp32_state(optimizer, params) -> None:

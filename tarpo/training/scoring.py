@@ -20,10 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from ..algorithms import ROUTINGS
 from ..engine.backbone import Backbone, positions_from_mask
 from ..engine.mixture import build_inputs_embeds
-from ..engine.soft_input import TOP_K_MIXTURE
+from ..engine.records import SOFT_RECORDS
 from .objective import k3, kl_divergence, two_class_kl
 
 
@@ -41,10 +40,7 @@ class StepScores:
     entropy: torch.Tensor | None = None      # entropy of pi_theta(.|s_t) at T_s, no gradient (with_entropy)
 
 
-SOFT_RECORDS = ("soft_ids", "soft_weights", "soft_inputs")  # what a rollout records of its soft steps
-
-
-def sequence_hidden(backbone: Backbone, rollout, soft_input=TOP_K_MIXTURE) -> torch.Tensor:
+def sequence_hidden(backbone: Backbone, rollout, soft_input) -> torch.Tensor:
     """Normed hidden states [B, T, d] that predict the T completion steps (``soft_input``: the rollout's)."""
     P = rollout.prompt_ids.shape[1]
     E = backbone.embed_weight
@@ -146,12 +142,12 @@ class ScoreSettings:
     @classmethod
     def of(cls, args) -> "ScoreSettings":
         return cls(temperature=args.temperature, chunk_size=args.logprob_chunk_size,
-                   use_router=ROUTINGS[args.routing].router, with_reference=args.beta != 0.0, token_kl=args.token_kl,
+                   use_router=args.rule.router, with_reference=args.beta != 0.0, token_kl=args.token_kl,
                    with_entropy=args.top_entropy_quantile < 1.0 or args.entropy_coef != 0.0)
 
 
 def score_rollout(backbone: Backbone, router, ref_router, rollout, settings: ScoreSettings,
-                  soft_input=TOP_K_MIXTURE, reference: Backbone | None = None) -> StepScores:
+                  soft_input, reference: Backbone | None = None) -> StepScores:
     """Policy (and reference) scores of a recorded batch under ``settings``; gradients flow to LoRA and router
     (and HRPO's gate, through the rebuilt inputs).
 

@@ -10,19 +10,20 @@ gradient-accumulation steps, logging, PEFT set-up, checkpointing and resuming. W
 - ``_compute_loss``: rebuilds the inputs, scores policy and reference (:func:`tarpo.training.scoring.score_rollout`)
   and applies :func:`tarpo.training.objective.tarpo_loss`; ``_get_grad_norm`` skips a non-finite step
   (:mod:`tarpo.training.nonfinite`); ``log`` takes the step's maximum of ``*_max`` metrics.
-- ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router (``router_lr``) and HRPO's gate
-  (``hrpo_lr``; ``hrpo_lambda_lr`` for its Λ); under an 8-bit optimizer the router and the gate keep fp32 state
-  (:mod:`tarpo.training.optimizer`).
-- ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the frozen reference router,
-  and HRPO's gate) are saved beside the adapter and restored; a checkpoint is written whole into a temporary folder
-  and renamed into place, a full disk raises ``DiskFull``, a non-finite tensor is refused
+- ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router (``router_lr``) and the soft
+  input's own (HRPO's gate: ``hrpo_lr``, ``hrpo_lambda_lr``); under an 8-bit optimizer the router and the soft
+  input keep fp32 state (:mod:`tarpo.training.optimizer`).
+- ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the frozen reference router),
+  the soft input and the routing rule's settings are saved beside the adapter and restored; a checkpoint is written
+  whole into a temporary folder and renamed into place, a full disk raises ``DiskFull``, a non-finite tensor is refused
   (:mod:`tarpo.training.checkpoints`); ``save_on_signals`` stop a run with a checkpoint
   (:mod:`tarpo.training.preemption`).
 - ``train``: ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint; resuming
   from one at the last step loads it and trains nothing (the Trainer would train one more step).
 
-The router (and the gate) are submodules of the PEFT model's base model, so the Trainer zeroes, clips and (under
-DDP) synchronises their gradients with the LoRA ones; the router trains only under a routing that uses it.
+The router (and a soft input with parameters, HRPO's gate) are submodules of the PEFT model's base model, so the
+Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones; the router trains only under
+a routing that uses it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ..engine.backbone import Backbone, unwrap
 from ..engine.engine_choice import EngineChooser, decoder_layers
 from ..engine.soft_input import soft_input_class
 from ..engine.precision import mixed_precision
+from ..engine.records import ROLLOUT_FIELDS
 from ..engine.rollout import Policy, Rollout, RolloutSpec, hybrid_generate
 from ..engine.router import Router
 from ..engine.tagging import token_text_fn
@@ -52,7 +54,6 @@ from ..atomic_files import write_json_atomic
 from ..models.backends import make_backbone
 from ..models.loading import lora_config, new_router, stop_token_ids
 from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
-from ..algorithms import ROUTINGS
 from ..tasks.prompts import encode_prompts
 from . import checkpoints, metrics, sharding, trl_contract
 from .callbacks import StepResources
@@ -66,12 +67,6 @@ from .scoring import StepScores, ScoreSettings, score_rollout
 
 logger = logging.getLogger(__name__)
 GRPOTrainer = pristine_grpo_trainer()  # TRL's own class, never Unsloth's rewrite of it (tarpo.patches.trl_guard)
-
-_ROLLOUT_KEYS = [
-    "prompt_ids", "prompt_mask", "token_ids", "completion_mask", "is_soft", "decided", "soft_ids",
-    "soft_weights", "p_soft", "entropy", "logp", "soft_inputs", "ended_with_eos",
-]
-
 
 class TarpoTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: TarpoConfig | None = None, train_dataset=None,
@@ -99,10 +94,8 @@ class TarpoTrainer(GRPOTrainer):
             # TRL copies a passed-in adapter as "ref"; docs/algorithm.md §2's reference is the adapter disabled.
             peft_model.delete_adapter("ref")
         base = unwrap(peft_model)
-        self.rule = ROUTINGS[args.routing]
-        self.use_router = self.rule.router
         self.ref_router = None
-        if self.use_router:  # only a routing that routes with it has a router (GRPO and the other baselines none)
+        if args.rule.router:  # only a routing that routes with it has a router (GRPO and the other baselines none)
             router = router if router is not None else new_router(base, args)
             # TRL seeds each rank differently (set_seed(..., device_specific=True)), so each rank drew its own
             # router; DDP will train rank 0's on every rank, and the frozen reference must be that one too
@@ -111,9 +104,9 @@ class TarpoTrainer(GRPOTrainer):
         self.token_text = token_text_fn(self.processing_class)
         self.loss_settings = LossSettings.of(args)  # built once: what tarpo_loss is computed with besides the batch
         self.score_settings = ScoreSettings.of(args)  # ... and how the batch is scored
-        self._soft_input = soft_input_class(self.rule.soft_input).for_run(args, base)  # what a soft step feeds
-        if self.rule.soft.trained:  # a submodule of the policy, so that DDP / FSDP2 see its parameters
-            base.tarpo_gate = self._soft_input.to(self.accelerator.device)
+        self.soft_input = soft_input_class(args.rule.soft_input).for_run(args, base)  # what a soft step feeds
+        if args.rule.soft.trained:  # a submodule of the policy, so that DDP / FSDP2 see its parameters
+            base.tarpo_soft_input = self.soft_input.to(self.accelerator.device)
         self._seed_step, self._seed_index = None, 0
         self._resources = StepResources(self._metrics["train"], lambda: self.model)  # timing/, memory/, hooks/
         self.add_callback(self._resources)
@@ -143,17 +136,6 @@ class TarpoTrainer(GRPOTrainer):
         """The trained router; None under a routing that has none (GRPO and the other baselines)."""
         return getattr(unwrap(self.accelerator.unwrap_model(self.model)), "tarpo_router", None)
 
-    @property
-    def gate(self):
-        """The soft input's trained parameters (HRPO's gate, ``tarpo.algorithms.SoftInput.trained``), else None."""
-        return getattr(unwrap(self.accelerator.unwrap_model(self.model)), "tarpo_gate", None)
-
-    @property
-    def soft_input(self):
-        """What a soft step feeds (tarpo.engine.soft_input): the routing's, built once per run."""
-        gate = self.gate
-        return gate if gate is not None else self._soft_input
-
     def backbone(self) -> Backbone:
         return make_backbone(self.accelerator.unwrap_model(self.model))
 
@@ -163,10 +145,9 @@ class TarpoTrainer(GRPOTrainer):
         opt_model = self.model if model is None else model
         args = self.args
         cls, kwargs = self.get_optimizer_cls_and_kwargs(args, opt_model)
-        groups = parameter_groups(opt_model, self.router, self.gate, args)
+        groups, heads = parameter_groups(opt_model, self.router, self.soft_input, args)
         self.optimizer = cls(groups, **kwargs)
-        heads = [p for head in (self.router, self.gate) if head is not None for p in head.parameters()]
-        keep_fp32_state(self.optimizer, [p for p in heads if p.requires_grad])
+        keep_fp32_state(self.optimizer, heads)
         return self.optimizer
 
     # ------------------------------------------------------------------ generation
@@ -221,7 +202,7 @@ class TarpoTrainer(GRPOTrainer):
 
         metrics.log_rollout(self, mode, rollout, rewards, rewards_per_func, n_trunc)
         metrics.log_completions(self, prompts, completions, rewards_per_func, advantages)
-        out = {key: getattr(rollout, key) for key in _ROLLOUT_KEYS}
+        out = {key: getattr(rollout, key) for key in ROLLOUT_FIELDS}
         out["advantages"] = advantages[local]
         # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step;
         # an evaluation batch is neither split across steps nor accumulated (TRL's normalizer)
@@ -239,7 +220,7 @@ class TarpoTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
-        rollout = Rollout(**{key: inputs[key] for key in _ROLLOUT_KEYS})
+        rollout = Rollout(**{key: inputs[key] for key in ROLLOUT_FIELDS})
         # through the module accelerate wrapped, so that DDP all-reduces the gradients (tarpo.training.distributed)
         scores = StepScores(**forward_through(model, self.accelerator.unwrap_model(model),
                                               lambda: self._scores(model, rollout)))
@@ -296,7 +277,7 @@ class TarpoTrainer(GRPOTrainer):
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
     # a kill or a full disk during a save never leaves a checkpoint-N that a re-run would pick.
     def _save_router(self, directory: str) -> None:
-        checkpoints.save_heads(directory, self.router, self.ref_router, self.gate, self.args.should_save)
+        checkpoints.save_heads(directory, self.router, self.ref_router, self.soft_input, self.args)
 
     def _get_output_dir(self, trial):
         """The run folder; while a checkpoint is being saved, the temporary folder that the Trainer's
@@ -347,7 +328,7 @@ class TarpoTrainer(GRPOTrainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.ref_router = checkpoints.load_heads(resume_from_checkpoint, self.router, self.gate,
+        self.ref_router = checkpoints.load_heads(resume_from_checkpoint, self.router, self.soft_input,
                                                  self.accelerator.device)
 
     def _load_optimizer_and_scheduler(self, checkpoint):

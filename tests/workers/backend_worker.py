@@ -85,11 +85,12 @@ def hidden_and_logits(backbone, ids, mask):
 
 def rollout(backbone, router, tok, ids, mask, steps):
     from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.engine.tagging import token_text_fn
     spec = RolloutSpec(max_new_tokens=steps, temperature=0.5, routing="learned")
     gen = torch.Generator(ids.device).manual_seed(0)
-    r = hybrid_generate(Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router), ids, mask,
-                        spec, generator=gen)
+    policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router, TOP_K_MIXTURE)
+    r = hybrid_generate(policy, ids, mask, spec, generator=gen)
     return {k: v.cpu() for k, v in vars(r).items()}
 
 
@@ -112,17 +113,20 @@ def keyed_rollouts(backbone, router, tok, ids, mask, steps, hidden_size, device)
 
 def teacher_forced(backbone, router, record, device):
     from tarpo.engine.rollout import Rollout
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.training.scoring import ScoreSettings, score_rollout
     r = Rollout(**{k: v.to(device) for k, v in record.items()})
     with torch.no_grad():
         s = score_rollout(backbone, router, None, r,
-                          ScoreSettings(temperature=0.5, chunk_size=256, use_router=True, with_reference=False))
+                          ScoreSettings(temperature=0.5, chunk_size=256, use_router=True, with_reference=False),
+                          TOP_K_MIXTURE)
     return {"logp": s.logp_tok.cpu(), "p_soft": (1 - s.p_hard).cpu()}
 
 
 def loss_and_grads(model, backbone, router, device, completion: int):
     from tarpo.training.objective import LossSettings, rollout_loss
     from tarpo.training.scoring import ScoreSettings, score_rollout
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.models.tiny import synthetic_rollout
     r = synthetic_rollout(model.config.vocab_size, 8, PROMPT_LEN, completion, 30, device)
     adv = torch.randn(8, generator=torch.Generator().manual_seed(1)).to(device)
@@ -130,7 +134,8 @@ def loss_and_grads(model, backbone, router, device, completion: int):
         p.requires_grad_("lora_" in n)  # a saved adapter loads frozen; train it as the trainer does
     model.train()
     scores = score_rollout(backbone, router, router.frozen_copy(), r,
-                           ScoreSettings(temperature=0.5, chunk_size=512, use_router=True, with_reference=True))
+                           ScoreSettings(temperature=0.5, chunk_size=512, use_router=True, with_reference=True),
+                           TOP_K_MIXTURE)
     loss, _ = rollout_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), scores, r, adv)
     loss.backward()
     grads = torch.cat([p.grad.float().flatten().cpu() for n, p in sorted(model.named_parameters())

@@ -28,6 +28,7 @@ from live_storage import HeldStorage  # noqa: E402
 from tarpo.engine.backbone import Backbone  # noqa: E402
 from tarpo.engine.precision import mixed_precision  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
+from tarpo.engine.soft_input import TOP_K_MIXTURE  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.models.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm  # noqa: E402
 from tarpo.training import sharding  # noqa: E402
@@ -45,7 +46,8 @@ def rollout(model, router, c):
     with sharding.gathered(model), checkpointing_paused(model):  # as TarpoTrainer._generate
         backbone = Backbone(model)
         with mixed_precision(backbone):
-            return hybrid_generate(Policy(backbone, lambda i: "x", [], 0, router), ids, mask, spec, noise_seed=1)
+            policy = Policy(backbone, lambda i: "x", [], 0, router, TOP_K_MIXTURE)
+            return hybrid_generate(policy, ids, mask, spec, noise_seed=1)
 
 
 def train_step(wrapped, model, router, c):
@@ -58,7 +60,8 @@ def train_step(wrapped, model, router, c):
         backbone = Backbone(model)
         with mixed_precision(backbone):
             s = score_rollout(backbone, router, router.frozen_copy(), scored,
-                              ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True))
+                              ScoreSettings(temperature=0.5, chunk_size=1024, use_router=True, with_reference=True),
+                              TOP_K_MIXTURE)
         return {"loss": s.logp_tok.sum() + s.logp_act.sum() + s.kl_tok.sum() + s.kl_act.sum()}
 
     forward_through(wrapped, model, forward)["loss"].backward()

@@ -10,6 +10,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from tarpo.engine.router import Router
+from tarpo.engine.soft_input import TOP_K_MIXTURE
 from tarpo.models.backends import make_backbone
 from tarpo.models.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
 from tarpo.training.objective import LossSettings, rollout_loss
@@ -28,7 +29,8 @@ def main():
     ref = router.frozen_copy()
     rollout = synthetic_rollout(model.config.vocab_size, G=8, P=24, T=16, k=4, device="cpu")
     scores = score_rollout(make_backbone(model), router, ref, rollout,
-                           ScoreSettings(temperature=0.7, chunk_size=64, use_router=True, with_reference=True))
+                           ScoreSettings(temperature=0.7, chunk_size=64, use_router=True, with_reference=True),
+                           TOP_K_MIXTURE)
     loss, _ = rollout_loss(LossSettings(lambda_act=0.1, beta=0.005, alpha=1.0), scores, rollout, torch.zeros(8))
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]

@@ -207,7 +207,7 @@ def install_training() -> None:
     """What the launcher's training run needs on top of :func:`install`: :func:`install_offload`,
     :func:`install_fused_lora`;
     ``tarpo.models.loading.resolve_backend`` answering ``unsloth`` for ``BACKEND=unsloth`` (it asks for CUDA);
-    no CPU time estimate (``tarpo.runs.launch.cpu_run_estimate``: a run on a GPU makes none, and its probe
+    no CPU time estimate (``tarpo.runs.training_run.cpu_run_estimate``: a run on a GPU makes none, and its probe
     calls the model as no GPU run does)."""
     import os
     for name, value in {"UNSLOTH_DISABLE_PINNED_MEMORY": "1", "UNSLOTH_DISABLE_DOUBLE_BUFFER": "1",
@@ -216,9 +216,9 @@ def install_training() -> None:
     import unsloth  # noqa: F401
 
     from tarpo.models import loading
-    from tarpo.runs import launch
+    from tarpo.runs import training_run
     install()
-    launch.cpu_run_estimate = lambda *args: 0.0
+    training_run.cpu_run_estimate = lambda *args: 0.0
     install_offload()
     install_fused_lora()
     resolve = loading.resolve_backend

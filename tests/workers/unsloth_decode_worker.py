@@ -33,6 +33,7 @@ def main(model_dir, adapter, out, repeated):
     from tarpo.models.backends import UNSLOTH_DECODE_BUFFERS, UnslothBackbone, make_backbone
     from tarpo.patches import grouped_decode
     from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.engine.tagging import token_text_fn
 
     if repeated:
@@ -64,7 +65,7 @@ def main(model_dir, adapter, out, repeated):
 
     ids, mask = fixed_batch(model.config.vocab_size, "cpu")
     spec = RolloutSpec(max_new_tokens=20, temperature=0.5, routing="learned", engine="eager")
-    policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router)
+    policy = Policy(backbone, token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router, TOP_K_MIXTURE)
     per_step, r, syncs = per_decode_step(lambda: hybrid_generate(policy, ids, mask, spec, noise_seed=0))
     left = [type(m).__name__ for m in model.modules() if set(UNSLOTH_DECODE_BUFFERS) & set(vars(m))]
     torch.save(dict(rollout={k: v for k, v in vars(r).items()}, calls=calls, refs=len(refs),

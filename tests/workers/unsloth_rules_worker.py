@@ -72,6 +72,7 @@ def main(model_dir, adapter, out):
     import unsloth_cpu
     from backend_worker import fixed_batch
     from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate
+    from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.engine.static_decode import COMPILE_BACKEND_VARIABLE
     from tarpo.engine.tagging import token_text_fn
     from tarpo.models.backends import make_backbone
@@ -90,7 +91,8 @@ def main(model_dir, adapter, out):
 
     model, router, tok = unsloth_cpu.load_trained(model_dir, adapter)
     model.eval()
-    policy = Policy(make_backbone(model), token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router)
+    policy = Policy(make_backbone(model), token_text_fn(tok), [tok.eos_token_id], tok.pad_token_id, router,
+                    TOP_K_MIXTURE)
     ids, mask = fixed_batch(model.config.vocab_size, "cpu")
     spec = RolloutSpec(max_new_tokens=12, temperature=0.5, routing="learned", engine="compiled")
 

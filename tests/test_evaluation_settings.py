@@ -1,0 +1,98 @@
+"""A trained system is evaluated with its run's routing settings (tarpo.algorithms.RULE_SETTINGS beside the adapter):
+``tarpo case`` and ``tarpo eval`` in mode ``entropy`` use the threshold the run was trained with unless a flag says
+otherwise, and the three evaluations (``tarpo eval``, ``tarpo case``, the demo) build their rollout settings with one
+constructor (tarpo.evaluation.system.rollout_spec)."""
+
+import json
+import os
+
+import datasets
+import pytest
+
+from tarpo.cli import main as cli
+from tarpo.config import TarpoConfig, default
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
+from tarpo.training.trainer import TarpoTrainer
+
+THRESHOLD = 0.123  # not TarpoConfig's default
+SOFT_WHEN = "low"
+
+
+@pytest.fixture(scope="module")
+def entropy_run(tmp_path_factory):
+    """A tiny model trained one step with routing ``entropy`` at a threshold of its own, its adapter saved."""
+    root = tmp_path_factory.mktemp("entropy")
+    tok = char_tokenizer()
+    tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    assert default("entropy_threshold") != THRESHOLD and default("entropy_soft_when") != SOFT_WHEN
+    args = TarpoConfig(output_dir=str(root / "run"), routing="entropy", entropy_threshold=THRESHOLD,
+                       entropy_soft_when=SOFT_WHEN, per_device_train_batch_size=4, num_generations=4,
+                       max_completion_length=6, max_steps=1, report_to="none", save_strategy="no", bf16=False,
+                       lora_r=4, lora_alpha=8)
+    data = datasets.Dataset.from_list([{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(4)])
+    trainer = TarpoTrainer(str(root / "model"), lambda completions, **kw: [0.0, 1.0] * (len(completions) // 2),
+                           args=args, train_dataset=data)
+    trainer.train()
+    trainer.save_model(str(root / "adapter"))
+    return root
+
+
+def questions(root) -> str:
+    folder = root / "data" / "gsm8k"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "test.jsonl").write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+                                               for i in range(2)))
+    return str(root / "data")
+
+
+def test_case_in_mode_entropy_decodes_with_the_runs_threshold(entropy_run, tmp_path, monkeypatch):
+    """Before: ``tarpo case`` passed only T_s and k, so mode entropy decoded at the default threshold."""
+    from tarpo.evaluation import case_study
+
+    specs, sample = [], case_study.sample
+    monkeypatch.setattr(case_study, "sample", lambda system, chosen, n, spec, **kw: specs.append(spec) or sample(
+        system, chosen, n, spec, **kw))
+    base = ["case", "--model", str(entropy_run / "model"), "--adapter", str(entropy_run / "adapter"), "--mode",
+            "entropy", "--task", "gsm8k", "--data-dir", questions(tmp_path), "--ids", "0", "--n", "2",
+            "--max-new-tokens", "4"]
+    assert cli([*base, "--out", str(tmp_path / "a.html")]) == 0
+    assert (specs[-1].entropy_threshold, specs[-1].entropy_soft_when) == (THRESHOLD, SOFT_WHEN)
+    assert cli([*base, "--entropy-threshold", "2.5", "--out", str(tmp_path / "b.html")]) == 0  # a flag overrides
+    assert (specs[-1].entropy_threshold, specs[-1].entropy_soft_when) == (2.5, SOFT_WHEN)
+    saved = json.loads((entropy_run / "adapter" / "routing_settings.json").read_text())
+    assert saved == {"routing": "entropy", "entropy_threshold": THRESHOLD, "entropy_temperature": 1.0,
+                     "entropy_soft_when": SOFT_WHEN}
+
+
+def test_eval_in_mode_entropy_records_the_runs_threshold(entropy_run, tmp_path):
+    out = tmp_path / "eval"
+    assert cli(["eval", "--model", str(entropy_run / "model"), "--adapter", str(entropy_run / "adapter"), "--mode",
+                "entropy", "--tasks", "gsm8k", "--data-dir", questions(tmp_path), "--n", "2", "--max-new-tokens",
+                "4", "--out", str(out)]) == 0
+    settings = json.loads((out / "gsm8k.settings.json").read_text())
+    assert (settings["entropy_threshold"], settings["entropy_soft_when"]) == (THRESHOLD, SOFT_WHEN)
+
+
+@pytest.mark.parametrize("content, named", [
+    ("not json", "routing_settings.json: not a JSON object"),
+    ('{"routing": "entropy", "entropy_threshold": "high"}', "entropy_threshold='high': not a float"),
+])
+def test_a_damaged_settings_file_is_refused_naming_it(entropy_run, tmp_path, capsys, content, named):
+    """A hostile or damaged routing_settings.json: ``tarpo case`` refuses it naming the file, before loading."""
+    import shutil
+    adapter = tmp_path / "adapter"
+    shutil.copytree(entropy_run / "adapter", adapter)
+    (adapter / "routing_settings.json").write_text(content)
+    assert cli(["case", "--model", str(entropy_run / "model"), "--adapter", str(adapter), "--mode", "entropy",
+                "--task", "gsm8k", "--data-dir", questions(tmp_path), "--ids", "0", "--n", "2",
+                "--out", str(tmp_path / "c.html")]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_the_three_evaluations_build_their_rollout_settings_with_one_constructor():
+    """tarpo eval (a trajectory file's settings), tarpo case and the demo: tarpo.evaluation.system.rollout_spec."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for path in ("tarpo/evaluation/pipeline.py", "tarpo/evaluation/case_study.py", "tarpo/runs/demo.py"):
+        source = open(os.path.join(root, path)).read()
+        assert "rollout_spec(" in source and "RolloutSpec(" not in source, path
