@@ -15,8 +15,14 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402
 from tarpo.models.tiny import char_tokenizer, tiny_causal_lm  # noqa: E402
 
-# pytest-xdist's workers share the cores (scripts/test.sh runs one per core)
-torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+# pytest-xdist's workers share the cores (scripts/test.sh runs one per core), and so do the processes a test starts:
+# they inherit the worker's share. With a thread per core beside the other worker's tests, OpenMP's threads waited on
+# each other: measured on 2 cores, a warm suite, the Unsloth trainer's fixture took 258 s (46 s alone) and the
+# checkpoints' 164 s; with the share, 65 s and 21 s, and the suite 655 -> 473 s. A test may still set its own.
+THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+torch.set_num_threads(THREADS)
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
 
 def pytest_itemcollected(item):
@@ -33,14 +39,14 @@ SPREAD = {"test_static_decode.py", "test_baselines.py", "test_trainer.py", "test
 GLOO = {"test_ddp.py", "test_eval_parallel.py"}
 
 
-# The scopes in the order the workers take them, the longest first (measured 2026-11-27 on 2 cores, a warm suite:
-# the Unsloth trainer's fixture ~250 s, the checkpoints' ~190 s, FSDP ~150 s, ...): pytest-xdist deals scopes first
-# come, first served, and a long module dealt last leaves the other worker idle until it ends. The rest keep their
-# collection order.
-LONGEST_FIRST = ("test_unsloth_trainer.py", "test_checkpoints.py", "test_fsdp.py", "test_ddp.py",
-                 "test_eval_parallel.py", "test_memory_plan.py", "test_unsloth_cpu.py", "test_demo.py",
-                 "test_launch.py", "test_gpu_session.py", "test_torch_side.py", "test_graders.py",
-                 "test_backend_worker.py", "test_kernel_settings.py", "test_static_decode.py")
+# The scopes in the order the workers take them, the longest first (measured 2026-11-27 on 2 cores, a warm suite,
+# `--durations=0` summed by module: FSDP 138 s, the gloo scope 79 s, the demo 69 s, the memory plan 68 s, the Unsloth
+# trainer 65 s, ...; 920 s of tests in 470 s on two workers): pytest-xdist deals scopes first come, first served, and a
+# long module dealt last leaves the other worker idle until it ends. The rest keep their collection order.
+LONGEST_FIRST = ("test_fsdp.py", "test_ddp.py", "test_eval_parallel.py", "test_demo.py", "test_memory_plan.py",
+                 "test_unsloth_trainer.py", "test_unsloth_cpu.py", "test_graders.py", "test_gpu_session.py",
+                 "test_torch_side.py", "test_launch.py", "test_checkpoints.py", "test_kernel_settings.py",
+                 "test_static_decode.py", "test_backend_worker.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
