@@ -53,6 +53,9 @@ def test_launcher_names_the_bad_variable_before_loading_or_writing(monkeypatch, 
     ({"MAX_STEPS": "-3"}, "MAX_STEPS=-3: must be >= 1 (leave it empty to train EPOCHS)"),
     ({"MAX_STEPS": "0"}, "MAX_STEPS=0: must be >= 1 (leave it empty to train EPOCHS)"),
     ({"SAVE_STEPS": "0"}, "SAVE_STEPS=0: must be >= 1 (a checkpoint every SAVE_STEPS optimizer steps)"),
+    ({"BATCH": "0"}, "BATCH=0: must be >= 1 (completions per optimizer step)"),
+    ({"BATCH": "-8"}, "BATCH=-8: must be >= 1 (completions per optimizer step)"),
+    ({"GROUP_SIZE": "0"}, "GROUP_SIZE=0: must be >= 1 (completions per prompt)"),
 ])
 def test_numbers_the_launcher_comments_do_not_allow_are_refused(monkeypatch, tmp_path, capsys, env, message):
     code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL="qwen2.5-1.5b", **env)

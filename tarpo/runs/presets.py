@@ -306,7 +306,9 @@ def checked_variables(dataset: str, env: dict[str, str]) -> tuple[dict, dict, di
     # every variable is parsed before common() imports TRL: a mistyped value is refused at once
     overrides = {VARIABLES[k][0]: _parse(k, VARIABLES[k][1], v) for k, v in env.items() if k in VARIABLES}
     for name, why in (("MAX_STEPS", "leave it empty to train EPOCHS"),
-                      ("SAVE_STEPS", "a checkpoint every SAVE_STEPS optimizer steps")):
+                      ("SAVE_STEPS", "a checkpoint every SAVE_STEPS optimizer steps"),
+                      ("BATCH", "completions per optimizer step"),  # TRL checks their arithmetic, not their sign
+                      ("GROUP_SIZE", "completions per prompt")):
         if name in env and overrides[VARIABLES[name][0]] < 1:  # TRL reads MAX_STEPS <= 0 as "train EPOCHS"
             raise ValueError(f"{name}={overrides[VARIABLES[name][0]]}: must be >= 1 ({why})")
     return env, s, overrides
