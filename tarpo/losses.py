@@ -41,7 +41,7 @@ def importance_ratio(logp, old_logp, level, mask):
     return torch.exp(log_ratio)
 
 
-def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps_high=None, level="token",
+def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps_high=0.2, level="token",
                          mask=None, delta=None):
     """Per-step surrogate whose gradient is -A * grad log p.
 
@@ -55,7 +55,7 @@ def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps
     if old_logp is None and level == "token" and (delta is None or delta >= 1):
         return -logp * adv
     ratio = importance_ratio(logp, old_logp, level, mask)
-    clipped = ratio.clamp(1 - clip_eps, 1 + (clip_eps if clip_eps_high is None else clip_eps_high))
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps_high)
     if delta is not None:
         ratio = ratio.clamp(max=delta)
     return -torch.min(ratio * adv, clipped * adv)
@@ -64,7 +64,7 @@ def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps
 def clipped_surrogate(logp, advantages, old_logp, mask, level, settings):
     """grpo, bnpo, dr_grpo, dapo, luspo: :func:`policy_gradient_term` (PPO's clipped ratio, TRL's two-sided
     ``delta``; on-policy ``-log p A``)."""
-    return policy_gradient_term(logp, advantages, old_logp, settings.clip_eps, settings.clip_eps_high, level, mask,
+    return policy_gradient_term(logp, advantages, old_logp, settings.clip_eps, settings.upper_clip_eps, level, mask,
                                 settings.delta)
 
 
@@ -88,8 +88,7 @@ def cispo_surrogate(logp, advantages, old_logp, mask, level, settings):
     weighted by the importance ratio clipped from above at ``eps_max`` and detached, so that no step loses its
     gradient (PPO's clip drops the gradient of a clipped step). ``eps_max`` is TRL's ``epsilon_high`` (the
     ratio's bound itself, not ``1 + eps``; ScaleRL, arXiv:2510.13786, recommends 5), ``epsilon`` if unset."""
-    eps_max = settings.clip_eps if settings.clip_eps_high is None else settings.clip_eps_high
-    weight = importance_ratio(logp, old_logp, level, mask).clamp(max=eps_max).detach()
+    weight = importance_ratio(logp, old_logp, level, mask).clamp(max=settings.upper_clip_eps).detach()
     return -weight * advantages[:, None] * logp
 
 

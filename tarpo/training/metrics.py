@@ -113,10 +113,9 @@ def loss_type_metrics(settings, logp: torch.Tensor, rollout, advantages: torch.T
     if settings.loss_type not in CLIPPED:
         return {}
     ratio = importance_ratio(logp.detach(), old, settings.level, mask)
-    high = settings.clip_eps if settings.clip_eps_high is None else settings.clip_eps_high
     adv = advantages[:, None]
     low_clipped = (ratio < 1 - settings.clip_eps) & (adv < 0) & mask
-    high_clipped = (ratio > 1 + high) & (adv > 0) & mask
+    high_clipped = (ratio > 1 + settings.upper_clip_eps) & (adv > 0) & mask
     count = mask.sum().clamp(min=1)
     return {"clip_ratio/low_mean": low_clipped.sum() / count, "clip_ratio/high_mean": high_clipped.sum() / count,
             "clip_ratio/region_mean": (low_clipped | high_clipped).sum() / count}
