@@ -192,19 +192,19 @@ def block(dataset: str, values: dict) -> str:
 
     def line(name, text):
         return f"{f'{name}=${{{name}:-{text}}}':<44} # {BLOCK[name]}"
-    groups: dict[tuple, list[str]] = {}
-    for model, own in models.items():  # the presets grouped by what differs from the default model's; "*" last
-        differs = tuple((n, own[n]) for n in MODEL_VARIABLES if own[n] != models[default][n])
-        groups.setdefault(differs, []).append(model) if model != "*" else None
-    groups = {**groups, "*": models["*"]}
+
+    def differs(own):  # what a model's values change from the default model's
+        return tuple((n, own[n]) for n in MODEL_VARIABLES if own[n] != models[default][n])
+    groups: dict[tuple, list[str]] = {}  # the presets grouped by what they change
+    for model, own in models.items():
+        if model != "*":
+            groups.setdefault(differs(own), []).append(model)
+    cases = [*((names, changes, "") for changes, names in groups.items()),
+             (["*"], differs(models["*"]), "  # a model without a preset")]  # last
     case = [f'case "${{MODEL,,}}" in  # the other models\' b0 and learning rates (Table 6); {default}\'s below']
-    for differs, names in groups.items():
-        if differs == "*":
-            differs = tuple((n, names[n]) for n in MODEL_VARIABLES if names[n] != models[default][n])
-            names = ["*"]
-        sets = " ".join(f"{n}=${{{n}:-{t}}}" for n, t in differs)
-        case.append(f"  {'|'.join(names)}) {sets + ' ' if sets else ''};;" + ("  # a model without a preset"
-                                                                              if names == ["*"] else ""))
+    for names, changes, note in cases:
+        sets = " ".join(f"{n}=${{{n}:-{t}}}" for n, t in changes)
+        case.append(f"  {'|'.join(names)}) {sets + ' ' if sets else ''};;{note}")
     case.append("esac")
     words, names = [*BLOCK], []  # the variables whose value the environment set: recorded before any is filled in
     while words:
