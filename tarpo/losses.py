@@ -41,6 +41,12 @@ def importance_ratio(logp, old_logp, level, mask):
     return torch.exp(log_ratio)
 
 
+def upper_clip_eps(settings) -> float:
+    """The ratio's upper clip of a :class:`tarpo.training.objective.LossSettings` (TRL's rule): ``epsilon_high``,
+    ``epsilon`` where it is unset."""
+    return settings.clip_eps if settings.clip_eps_high is None else settings.clip_eps_high
+
+
 def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps_high=0.2, level="token",
                          mask=None, delta=None):
     """Per-step surrogate whose gradient is -A * grad log p.
@@ -64,7 +70,7 @@ def policy_gradient_term(logp, advantages, old_logp=None, clip_eps=0.2, clip_eps
 def clipped_surrogate(logp, advantages, old_logp, mask, level, settings):
     """grpo, bnpo, dr_grpo, dapo, luspo: :func:`policy_gradient_term` (PPO's clipped ratio, TRL's two-sided
     ``delta``; on-policy ``-log p A``)."""
-    return policy_gradient_term(logp, advantages, old_logp, settings.clip_eps, settings.upper_clip_eps, level, mask,
+    return policy_gradient_term(logp, advantages, old_logp, settings.clip_eps, upper_clip_eps(settings), level, mask,
                                 settings.delta)
 
 
@@ -88,7 +94,7 @@ def cispo_surrogate(logp, advantages, old_logp, mask, level, settings):
     weighted by the importance ratio clipped from above at ``eps_max`` and detached, so that no step loses its
     gradient (PPO's clip drops the gradient of a clipped step). ``eps_max`` is TRL's ``epsilon_high`` (the
     ratio's bound itself, not ``1 + eps``; ScaleRL, arXiv:2510.13786, recommends 5), ``epsilon`` if unset."""
-    weight = importance_ratio(logp, old_logp, level, mask).clamp(max=settings.upper_clip_eps).detach()
+    weight = importance_ratio(logp, old_logp, level, mask).clamp(max=upper_clip_eps(settings)).detach()
     return -weight * advantages[:, None] * logp
 
 

@@ -105,7 +105,7 @@ def loss_type_metrics(settings, logp: torch.Tensor, rollout, advantages: torch.T
     ``region_mean`` of the token term (the share of its steps whose ratio the clip holds: below ``1 - epsilon`` with
     ``A < 0``, above ``1 + epsilon_high`` with ``A > 0``; on-policy the ratio is 1 and they are 0). ``vespo``:
     ``vespo/phi_seq_mean``, the mean over rows of its weight (1 on-policy)."""
-    from ..losses import importance_ratio, vespo_weights
+    from ..losses import importance_ratio, upper_clip_eps, vespo_weights
     mask = rollout.completion_mask
     old = rollout.logp if settings.off_policy else None
     if settings.loss_type == "vespo":
@@ -115,7 +115,7 @@ def loss_type_metrics(settings, logp: torch.Tensor, rollout, advantages: torch.T
     ratio = importance_ratio(logp.detach(), old, settings.level, mask)
     adv = advantages[:, None]
     low_clipped = (ratio < 1 - settings.clip_eps) & (adv < 0) & mask
-    high_clipped = (ratio > 1 + settings.upper_clip_eps) & (adv > 0) & mask
+    high_clipped = (ratio > 1 + upper_clip_eps(settings)) & (adv > 0) & mask
     count = mask.sum().clamp(min=1)
     return {"clip_ratio/low_mean": low_clipped.sum() / count, "clip_ratio/high_mean": high_clipped.sum() / count,
             "clip_ratio/region_mean": (low_clipped | high_clipped).sum() / count}

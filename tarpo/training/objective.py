@@ -157,11 +157,6 @@ class LossSettings:
     def variant(self):
         return LOSSES[self.loss_type]
 
-    @property
-    def upper_clip_eps(self) -> float:
-        """The ratio's upper clip (TRL's rule): ``epsilon_high``, ``epsilon`` where it is unset."""
-        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-
     @classmethod
     def of(cls, args) -> "LossSettings":
         """The settings of a run's config (a :class:`tarpo.config.TarpoConfig`); the routing rule says whether
