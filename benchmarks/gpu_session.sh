@@ -9,7 +9,7 @@
 #   BUDGET=400 bash benchmarks/gpu_session.sh call2  # random Qwen2.5-3B weights; run_math.sh for two steps at the
 #       paper's MATH settings (64 x 1,024 + 1,024 tokens, ACTION_BIAS=2.2,0), nvidia-smi's memory every 0.5 s beside
 #   bash benchmarks/gpu_session.sh positions   # Qwen2.5-3B shape: the compiled step at write positions 64, 512 and
-#       1,900 of a 2,048-position cache, with merged decode weights and with the adapter (DECODE_MERGE all, none),
+#       1,900 of a 2,048-position cache, attention over the written slots, at DECODE_MERGE none, attention and all,
 #       its cold compile and kernels; tests/test_gpu.py
 #   bash benchmarks/gpu_session.sh decode      # Qwen2.5-3B shape: the compiled step at batch 64 (learned, all-hard,
 #       all-soft rows) against the weight-reading floor
@@ -71,12 +71,12 @@ rec where "{\"date\": \"$(date -u +%FT%TZ)\", \"gpu\": \"$(nvidia-smi --query-gp
 \"commit\": \"$(git rev-parse HEAD 2>/dev/null)\", \"boot_id\": \"$(cat /proc/sys/kernel/random/boot_id)\", \"budget_s\": $BUDGET}"
 
 # What each part is expected to take on a GPU (seconds) and where the figure comes from (docs/gpu/README.md)
-E_INSTALL=30    # scripts/install_gpu.sh offline on a fresh machine: 14-16 s (H100, H200, 2026-11-26)
+E_INSTALL=50    # scripts/install_gpu.sh offline on a fresh machine: 14-16 s (H100, H200, 2026-11-26), 47 s (H100, 2026-11-27)
 E_MODEL3=45     # random Qwen2.5-3B weights written: 30-35 s (2026-11-26)
-E_LEARNING=170  # the learning check, 100 steps of each algorithm at once: not yet measured on a GPU (an estimate)
+E_LEARNING=150  # the learning check, 100 steps of each algorithm at once: 135 s (H100, 2026-11-27)
 E_TEST_GPU=200  # tests/test_gpu.py: 170-195 s (2026-11-26)
-E_MATH=260      # run_math.sh, 2 steps of the 3B shape: not yet measured (load 20, compile and capture 60, two
-                # rollouts of 1,024 tokens at ~6 ms a step, two trainings of 64 x 2,048 tokens ~10-25 s each)
+E_MATH=200      # run_math.sh, 2 steps of the 3B shape: 180 s (H100, 2026-11-27: compile and capture 54 s, rollouts
+                # 61 and 7 s, trainings 36 and 13.5 s, the rest Unsloth's import and the load)
 STEPS=100 SHAPE3=3b PLONG=1024 LONG=1024 MATH_BATCH=64
 if [ "$CPU" = 1 ]; then
   E_INSTALL=0 E_MODEL3=10 E_LEARNING=60 E_MATH=60 STEPS=3 SHAPE3=tiny PLONG=400 LONG=8 MATH_BATCH=16
@@ -170,7 +170,7 @@ case $CALL in
     install
     timed model3 120 "$PY" benchmarks/gpu_session.py model $WORK/q3 $SHAPE3
     TORCH_LOGS=output_code timed write-positions $(( $(left) - 100 )) "$PY" benchmarks/bench_write_positions.py \
-      --model $WORK/q3 --json "$JSON" --rounds 2 --merges all,none $([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1) \
+      --model $WORK/q3 --json "$JSON" --rounds 2 --modes written --merges none,attention,all $([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1) \
       2> $WORK/code.log || grep -v __output_code $WORK/code.log | tail -n 40
     "$PY" benchmarks/count_kernels.py $WORK/code.log --json "$JSON" --key step-kernels | head -n 30
     test_gpu;;
