@@ -31,5 +31,7 @@ setup(
     extras_require={
         # tensorboard: tests/test_report_to.py reads the event files of a REPORT_TO=tensorboard run
         "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "tensorboard==2.21.0", "ruff==0.17.6"],
+        # a .gguf file as MODEL (tarpo.models.gguf, tarpo.models.offline): transformers reads GGUF through it
+        "gguf": ["gguf==0.19.0"],
     },
 )

@@ -16,7 +16,7 @@
 set -euo pipefail
 set -a
 MODEL=${MODEL:-}                   # qwen2.5-1.5b | qwen2.5-3b | qwen2.5-7b | llama3.1-8b | qwen2.5-14b | qwen2.5-32b
-                                   # | hub id | local folder
+                                   # | smollm2-135m | hub id | local folder | .gguf file
 ALGO=${ALGO:-}                     # tarpo | grpo | grpo_pure_latent | grpo_entropy | hrpo | soft_tokens | tarpo_gumbel
 DATA_PATH=${DATA_PATH:-}           # local training data (file or folder); empty: the hub
 OUT_DIR=${OUT_DIR:-}               # the run folder is OUT_DIR/<name encoding the key settings>

@@ -11,7 +11,7 @@ LAYER=${1:-dev}
 case "$LAYER" in run|dev) ;; *) echo "setup_env.sh: unknown layer '$LAYER' (run | dev)" >&2; exit 2;; esac
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-dev}
+EXTRAS=${EXTRAS:-dev,gguf}
 [ "$LAYER" = run ] && EXTRAS=${EXTRAS//dev/} && EXTRAS=${EXTRAS//,,/,} && EXTRAS=${EXTRAS#,} && EXTRAS=${EXTRAS%,}
 core=$(cat requirements.txt requirements-gpu.txt requirements-unsloth.txt setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)
 want=$core-$(cat scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py | sha256sum | cut -c1-16)-$EXTRAS-${TARPO_TORCH_SIDE:-1}

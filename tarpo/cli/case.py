@@ -18,12 +18,13 @@ from ..config import add_flags
 from ..evaluation.case_study import case_study
 from ..evaluation.system import RUN_FLAGS
 from ..atomic_files import write_text_atomic
+from ..models.gguf import check_gguf, gguf_folder, is_gguf
 from ..algorithms import MODES
 from ..tasks.registry import TASKS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="base model: hub id, local folder or .gguf file")
     p.add_argument("--adapter")
     p.add_argument("--mode", default="tarpo", choices=list(MODES))
     p.add_argument("--task", required=True, choices=sorted(TASKS))
@@ -38,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """Write the page (:func:`tarpo.evaluation.case_study.case_study`) to ``--out``."""
+    if is_gguf(args.model):  # checked, then converted once into runs/cache/gguf (tarpo.models.gguf)
+        check_gguf(args.model, f"--model {args.model}")
+        args.model = gguf_folder(args.model, label="--model")
     write_text_atomic(args.out, case_study(args))
     print(os.path.abspath(args.out))
     return 0

@@ -37,6 +37,7 @@ from ..engine.engine_choice import engine_for
 from ..evaluation.pipeline import evaluate
 from ..evaluation.system import RUN_FLAGS, check_system, fill_run_settings
 from ..models.loading import BACKENDS, DTYPES, resolve_backend
+from ..models.gguf import check_gguf, gguf_folder, is_gguf
 from ..models.quantized import check_not_quantized
 from ..algorithms import MODES, SAMPLES
 from ..tasks.registry import TASKS
@@ -47,7 +48,7 @@ SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "action_temperature", "soft_t
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="base model: hub id or local folder")
+    p.add_argument("--model", required=True, help="base model: hub id, local folder or .gguf file")
     p.add_argument("--adapter", help="trained adapter folder (LoRA + router.safetensors) from the trainer")
     p.add_argument("--tasks", required=True, help=f"comma-separated task names: {', '.join(TASKS)}")
     p.add_argument("--data-dir",
@@ -112,7 +113,10 @@ def check_arguments(args) -> None:
     if (problem := sampling_problem(args)) is not None:  # the sampling flags: TarpoConfig's fields and rule
         name, why = problem
         raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: {why}")
-    check_not_quantized(args.model, f"--model {args.model}")
+    if is_gguf(args.model):
+        check_gguf(args.model, f"--model {args.model}")
+    else:
+        check_not_quantized(args.model, f"--model {args.model}")
     resolve_backend(args.backend)  # refused here, before anything loads, where it cannot run
     args.engine = engine_for(args.engine, torch.cuda.is_available(), "--engine")
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
@@ -123,5 +127,7 @@ def run(args) -> int:
     """Check the flags and ``--out``, then evaluate every task (:func:`tarpo.evaluation.pipeline.evaluate`)."""
     check_arguments(args)
     check_writable_folder(args.out, f"--out {args.out}")
+    if is_gguf(args.model):  # converted once into runs/cache/gguf (tarpo.models.gguf)
+        args.model = gguf_folder(args.model, label="--model")
     evaluate(args)
     return 0

@@ -107,6 +107,10 @@ def configure(dataset: str, main_process: bool, launched: bool):
     run_identity.check(cfg, ident)  # a folder of another run is refused before anything loads
     import torch  # torch, TRL: once every variable is checked
 
+    from ..models.gguf import gguf_folder, is_gguf
+    if is_gguf(cfg.model):  # converted once into runs/cache/gguf (tarpo.models.gguf), read as a folder from here on
+        cfg = replace(cfg, model=gguf_folder(cfg.model))
+
     from ..training.distributed import cpu_requested
     from . import run_config
     cuda = torch.cuda.is_available()

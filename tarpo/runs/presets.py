@@ -20,10 +20,9 @@ import os
 from ..architectures import ARCHITECTURES
 from ..atomic_files import check_writable_folder
 from ..algorithms import ALGOS, MODES
-from ..models.quantized import check_not_quantized
 from .launch_config import LaunchConfig
 from .processes import accelerate_settings, machines
-from .paths import check_model_folder
+from .paths import check_model, model_source
 
 # ---- docs/algorithm.md §5, one row per data set: group size, completions per step, train lengths, evaluation
 DATASETS = {
@@ -55,6 +54,11 @@ MODELS = {
                         router_lr=1e-4, config=ARCHITECTURES["qwen2.5-14b"]),
     "qwen2.5-32b": dict(hub_id="Qwen/Qwen2.5-32B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
                         router_lr=1e-4, config=ARCHITECTURES["qwen2.5-32b"]),
+    # beyond the paper: a small real model for CPUs (docs/real-model.md; ``python -m tarpo.models.offline
+    # smollm2-135m`` makes it available without a hub). LoRA on a 135M model needs a larger step than the paper's
+    # 5e-6 for billions of parameters: the rates and b0 are the measured ones of docs/real-model.md
+    "smollm2-135m": dict(hub_id="HuggingFaceTB/SmolLM2-135M-Instruct", action_bias=[2.2, 0.0], learning_rate=1e-4,
+                         router_lr=1e-3, config=ARCHITECTURES["smollm2-135m"]),
     "llama3.1-8b": dict(hub_id="meta-llama/Llama-3.1-8B-Instruct", action_bias=[4.6, 0.0], learning_rate=2e-6,
                         router_lr=2e-6, config=ARCHITECTURES["llama3.1-8b"]),
 }
@@ -240,15 +244,6 @@ def misspelt(env: dict[str, str]) -> list[str]:
 
 
 
-def looks_like_path(name: str) -> bool:
-    """A local path rather than a hub id (``org/name``).
-
-    >>> [looks_like_path(x) for x in ("Qwen/Qwen2.5-3B-Instruct", "/models/q", "./q", "~/q", "a/b/c", "q")]
-    [False, True, True, True, True, False]
-    """
-    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-
-
 def variable_of(field: str) -> str | None:
     """The launcher variable that sets a :class:`tarpo.config.TarpoConfig` field, if any.
 
@@ -284,14 +279,7 @@ def checked_variables(dataset: str, env: dict[str, str]) -> tuple[dict, dict, di
     if algo not in ALGOS:
         raise ValueError(f"ALGO={algo!r}: must be one of {', '.join(ALGOS)}")
     model_key = s.get("MODEL", DEFAULT_MODEL)
-    preset = MODELS.get(model_key.lower())
-    if preset is None and not os.path.isdir(model_key):
-        if looks_like_path(model_key):
-            raise ValueError(f"MODEL={model_key!r}: no such folder")
-        if "/" not in model_key:
-            raise ValueError(f"MODEL={model_key!r}: not a preset ({', '.join(MODELS)}), a hub id or a local folder")
-    check_model_folder(model_key, preset)
-    check_not_quantized(preset["hub_id"] if preset else model_key, f"MODEL={model_key!r}")
+    check_model(model_key, MODELS.get(model_key.lower()), MODELS)
     for name in ("EVAL_N", "TRAIN_LIMIT", "EVAL_LIMIT", "NUM_PROCESSES", "MICRO_BATCH"):
         if name in s and s[name] < 1:
             raise ValueError(f"{name}={s[name]}: must be >= 1")
@@ -377,7 +365,7 @@ def resolve(dataset: str, env: dict[str, str]) -> LaunchConfig:
     out = os.path.join(s.get("OUT_DIR", "runs"), s.get("RUN_NAME") or run_name(dataset, model_key, preset, algo,
                                                                                trainer, batch))
     trainer["output_dir"] = out
-    model = preset["hub_id"] if preset else model_key
+    model = model_source(model_key, preset)
     return LaunchConfig(
         dataset=dataset, task=data["task"], algo=algo, system=ALGOS[algo].system, model=model,
         model_name=os.path.basename(model.rstrip("/")), run_dir=out, preset=model_key.lower() if preset else None,

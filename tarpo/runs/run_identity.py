@@ -20,6 +20,7 @@ import json
 import os
 
 from ..atomic_files import write_json_atomic
+from ..models.gguf import digest, is_gguf
 from .launch_config import LaunchConfig
 from .presets import variable_of
 
@@ -52,7 +53,9 @@ def file_digest(path: str) -> str:
 
 def model_digest(model: str) -> str | None:
     """A local model folder's config.json bytes and its files' names and sizes (weights are not read: gigabytes);
-    None for a hub id (the id names it)."""
+    a GGUF file's bytes (:func:`tarpo.models.gguf.digest`); None for a hub id (the id names it)."""
+    if os.path.isfile(model) and is_gguf(model):
+        return digest(model)
     if not os.path.isdir(model):
         return None
     h = hashlib.sha256()
@@ -69,7 +72,7 @@ def identity(cfg: LaunchConfig) -> dict:
     """The run's identity, of the configuration as :func:`tarpo.runs.presets.resolve` returns it (before the
     device and the memory plan change it): launcher names where a variable sets the value, TarpoConfig's
     names elsewhere."""
-    out = {"MODEL": os.path.abspath(cfg.model) if os.path.isdir(cfg.model) else cfg.model,
+    out = {"MODEL": os.path.abspath(cfg.model) if os.path.exists(cfg.model) else cfg.model,
            "MODEL (config and files)": model_digest(cfg.model), "dataset": cfg.dataset, "ALGO": cfg.algo,
            "DATA_PATH": os.path.abspath(cfg.data_path) if cfg.data_path else None,
            "DATA_PATH (contents)": file_digest(cfg.data_path) if cfg.data_path else None,
