@@ -20,7 +20,7 @@ ALGO=${ALGO:-tarpo}                          # tarpo, or a baseline (scripts/lau
 case "${MODEL,,}" in  # the other models' b0 and learning rates (Table 6); qwen2.5-3b's below
   qwen2.5-1.5b|qwen2.5-7b|qwen2.5-14b|qwen2.5-32b) ACTION_BIAS=${ACTION_BIAS:-4.6,0} ;;
   qwen2.5-3b) ;;
-  smollm2-135m) LR=${LR:-0.0001} ROUTER_LR=${ROUTER_LR:-0.001} ;;
+  smollm2-135m) LR=${LR:-0.0003} ROUTER_LR=${ROUTER_LR:-0.003} ;;
   llama3.1-8b) ACTION_BIAS=${ACTION_BIAS:-4.6,0} LR=${LR:-2e-06} ROUTER_LR=${ROUTER_LR:-2e-06} ;;
   *) ACTION_BIAS=${ACTION_BIAS:-4.6,0} ;;  # a model without a preset
 esac

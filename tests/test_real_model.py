@@ -66,7 +66,25 @@ def test_a_tarpo_step_replays_the_real_vocabularys_soft_mixtures_and_trains(toke
     assert math.isfinite(log["loss"]) and math.isfinite(log["grad_norm"]) and log["grad_norm"] > 0
     # the training forward replays every step as the rollout fed it: the log-probs agree to fp32 rounding
     assert log["logp_drift_max"] < 1e-4, log["logp_drift_max"]
-    moved = {n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])}
+    trained = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    moved = {n for n, p in trained if not torch.equal(p, before[n])}  # exact: any change at all counts as moved
     assert moved == set(before), sorted(set(before) - moved)[:5]  # every LoRA tensor and the router
     # A and B of q, k, v, o in each of the 30 layers
     assert any("tarpo_router" in n for n in moved) and sum("lora_" in n for n in moved) == 2 * 4 * 30
+
+
+def test_the_real_model_check_is_a_launcher_run_of_arith_shots_with_its_chosen_settings(tmp_path):
+    """``learning_check --model smollm2-135m``'s runs are launcher runs: every variable it sets is one the launcher
+    takes, on the data-set preset whose prompts show the answer format as earlier chat turns."""
+    from tarpo.runs.learning_check import REAL_MODELS, real_model_variables
+    from tarpo.runs.presets import resolve
+    from tarpo.tasks.registry import messages
+
+    for algo in ("grpo", "tarpo"):
+        cfg = resolve("arith_shots", real_model_variables("smollm2-135m", str(tmp_path), algo, None))
+        assert cfg.task == "arith_shots" and cfg.algo == algo and cfg.preset == "smollm2-135m"
+        assert cfg.trainer["per_device_train_batch_size"] == int(REAL_MODELS["smollm2-135m"]["BATCH"])
+        assert cfg.trainer["learning_rate"] == float(REAL_MODELS["smollm2-135m"]["LR"])
+        assert cfg.run_dir == str(tmp_path / algo)
+    turns = messages("arith_shots", "Compute 1 + 2.")
+    assert [m["content"] for m in turns[2::2]] == ["3+4=7 7-2=5 #### 5", "8-6=2 #### 2"]

@@ -17,6 +17,13 @@ goes to ``<out>/learning.json`` and is the last line printed, as one JSON object
 algorithm learns (its rise is over twice its standard error), 1 when one does not, 2 when a run failed or a
 setting is bad. Killed (SIGTERM, SIGINT), it stops its runs and summarises the steps they logged.
 
+**On a real model** (``--model smollm2-135m``, docs/real-model.md): no warm start; each run is
+``python -m tarpo.runs.launch arith_shots`` (the arithmetic with its answer format shown by two worked examples as
+earlier chat turns) with the settings of :data:`REAL_MODELS` (the model's preset for everything else), and the
+base model and each trained system are evaluated before and after on ``--eval-questions`` held-out questions with
+``--eval-n`` samples each (``tarpo eval``; pass@1 with its 95% interval). The output says the format was shown by
+the prompt, the reward being the paper's.
+
 Why a data-set preset and not a flag of the demo: the launcher's path is the thing checked (its presets,
 memory plan, backend and engine choice, optimizer, checkpoints), so the check is a launcher run like any other,
 and ``bash run_*.sh`` users read its ``metrics.jsonl`` as they read their own (docs/gpu-path.md).
@@ -38,6 +45,14 @@ from ..atomic_files import write_json_atomic
 from .presets import variable_of
 
 ALGOS = ("grpo", "tarpo")
+# the real models' check (docs/real-model.md: the settings and why): the launcher variables beside
+# MODEL, on the data-set preset arith_shots
+REAL_MODELS = {
+    "smollm2-135m": dict(BATCH="16", GROUP_SIZE="4", MAX_COMPLETION_LENGTH="32", MAX_STEPS="30", LR="3e-4", BETA="0",
+                         ROUTER_LR="3e-3", LR_SCHEDULE="constant_with_warmup", LORA_R="16", LORA_ALPHA="32",
+                         LORA_TARGETS="all-linear", GRAD_CHECKPOINTING="0"),
+}
+FORMAT = "the answer format shown by two worked examples as earlier chat turns (task arith_shots); the paper's reward"
 FIRST, LAST = 0.1, 0.2  # the shares of the steps whose mean reward is ``first`` and ``last``
 
 
@@ -60,6 +75,40 @@ def launcher_variables(demo_args, warm: str, out: str, algo: str) -> dict[str, s
     out_vars = {variable_of(name): ",".join(map(str, v)) if isinstance(v, list) else f"{v:g}"
                 if isinstance(v, float) else str(v) for name, v in fields.items()}
     return {**out_vars, "MODEL": warm, "ALGO": algo, "OUT_DIR": out, "RUN_NAME": algo, "EVAL": "0"}
+
+
+def real_model_variables(model: str, out: str, algo: str, steps: int | None) -> dict[str, str]:
+    """The launcher variables of one run of the real-model check (:data:`REAL_MODELS`)."""
+    extra = {"MAX_STEPS": str(steps)} if steps else {}
+    return {**REAL_MODELS[model], **extra, "MODEL": model, "ALGO": algo, "OUT_DIR": out, "RUN_NAME": algo,
+            "EVAL": "0", "SAVE_STEPS": "1000"}
+
+
+def evaluate_before_after(model: str, out: str, algos, questions: int, n: int) -> dict:
+    """pass@1 and its 95% interval of the base model (CoT) and of each trained system (its own mode), each on the
+    same ``questions`` held-out arith_shots questions with ``n`` samples (``tarpo eval``)."""
+    from ..algorithms import ALGOS as ROUTINGS
+    from .paths import model_source
+    from .presets import MODELS
+
+    source = model_source(model, MODELS.get(model))
+    systems = {"base": ("cot", None), **{a: (ROUTINGS[a].eval_mode, os.path.join(out, a, "adapter")) for a in algos}}
+    results = {}
+    for name, (mode, adapter) in systems.items():
+        folder = os.path.join(out, f"eval-{name}")
+        command = [sys.executable, "-m", "tarpo.cli", "eval", "--model", source, "--tasks", "arith_shots",
+                   "--limit", str(questions), "--n", str(n), "--mode", mode, "--max-new-tokens",
+                   REAL_MODELS[model]["MAX_COMPLETION_LENGTH"], "--out", folder]
+        started = time.time()
+        subprocess.run(command + (["--adapter", adapter] if adapter else []), check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(folder, "arith_shots.results.json")) as f:
+            metrics = json.load(f)["metrics"]
+        results[name] = {"mode": mode, "pass@1": metrics["pass@1"], "ci95": metrics["accuracy_ci95"],
+                         "soft_ratio": metrics["soft_ratio"], "seconds": round(time.time() - started, 1)}
+    base = results["base"]
+    for name in algos:
+        results[name]["above_base_interval"] = results[name]["pass@1"] > base["pass@1"] + base["ci95"]
+    return results
 
 
 def fitted_rise(values: list[float]) -> tuple[float, float | None]:
@@ -131,15 +180,16 @@ def summarize(run_dir: str) -> dict:
             "rollout_peak_gib": peak("memory/rollout_peak_gib")}
 
 
-def run_side_by_side(envs: dict[str, dict], out: str, deadline: float | None) -> dict[str, int | None]:
-    """Start ``python -m tarpo.runs.launch arith`` once per entry of ``envs`` (algo -> its variables), each with
+def run_side_by_side(envs: dict[str, dict], out: str, deadline: float | None, dataset: str = "arith"
+                     ) -> dict[str, int | None]:
+    """Start ``python -m tarpo.runs.launch <dataset>`` once per entry of ``envs`` (algo -> its variables), each with
     its share of the cores, and wait for all; stop them at ``deadline`` (``time.time()``) or when this process is
     sent SIGTERM/SIGINT. Returns each run's exit status (None: stopped)."""
     threads = str(max(1, (os.cpu_count() or 1) // len(envs)))
     procs = {}
     for algo, variables in envs.items():
         log = open(os.path.join(out, f"{algo}.log"), "w")
-        procs[algo] = subprocess.Popen([sys.executable, "-m", "tarpo.runs.launch", "arith"], stdout=log,
+        procs[algo] = subprocess.Popen([sys.executable, "-m", "tarpo.runs.launch", dataset], stdout=log,
                                        stderr=subprocess.STDOUT,
                                        env={**os.environ, "OMP_NUM_THREADS": threads, **variables})
     stopped = []
@@ -162,7 +212,7 @@ def run_side_by_side(envs: dict[str, dict], out: str, deadline: float | None) ->
     return {algo: None if stopped else p.returncode for algo, p in procs.items()}
 
 
-def run_in_process(envs: dict[str, dict]) -> dict[str, int]:
+def run_in_process(envs: dict[str, dict], dataset: str = "arith") -> dict[str, int]:
     """The runs one after another in this process (``--processes 1``: tests, a one-core machine)."""
     from . import launch
 
@@ -171,15 +221,16 @@ def run_in_process(envs: dict[str, dict]) -> dict[str, int]:
         saved = {k: os.environ.get(k) for k in variables}
         os.environ.update(variables)
         try:
-            status[algo] = launch.main(["arith"])
+            status[algo] = launch.main([dataset])
         finally:
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     return status
 
 
-def report(results: dict[str, dict]) -> str:
-    """A table of the runs' figures, then each reward curve as the means of tenths of the run."""
+def report(results: dict[str, dict], evaluation: dict | None = None) -> str:
+    """A table of the runs' figures, then each reward curve as the means of tenths of the run; then the evaluation
+    before and after, where there is one."""
     def f(v, digits=3):
         return "-" if v is None else f"{v:.{digits}f}"
 
@@ -196,6 +247,9 @@ def report(results: dict[str, dict]) -> str:
         curve, size = s["curve"], max(1, len(s["curve"]) // 10)
         tenths = [sum(curve[i:i + size]) / len(curve[i:i + size]) for i in range(0, len(curve), size)]
         lines.append(f"{algo} reward, mean of each {size} steps: " + " ".join(f"{v:.3f}" for v in tenths))
+    for name, e in (evaluation or {}).items():
+        above = "" if name == "base" else f", above the base's interval: {e['above_base_interval']}"
+        lines.append(f"evaluation {name} ({e['mode']}): pass@1 {e['pass@1']:.3f} ± {e['ci95']:.3f}{above}")
     return "\n".join(lines)
 
 
@@ -212,6 +266,9 @@ def parse_args(argv=None):
                     help="0: one process per algorithm, side by side; 1: one after another in this process")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop the runs after this long and summarise what they logged")
+    ap.add_argument("--model", choices=sorted(REAL_MODELS), help="a real model instead of the demo's warm start")
+    ap.add_argument("--eval-questions", type=int, default=200, help="--model: held-out questions before and after")
+    ap.add_argument("--eval-n", type=int, default=4, help="--model: samples per question")
     return ap.parse_args(argv)
 
 
@@ -233,20 +290,32 @@ def main(argv=None) -> int:
         print(f"learning check: --out {out}: holds runs already; choose a new folder", file=sys.stderr)
         return 2
     started = time.time()
-    if warm is None:
-        warm = demo.warm_start(args.cache_dir, demo_args.sft_steps, demo_args.warm_seed, demo_args.sft_noise,
-                               batch_size=demo_args.sft_batch)
-    os.makedirs(out, exist_ok=True)
-    envs = {a: launcher_variables(demo_args, os.path.abspath(warm), out, a) for a in algos}
-    print(f"learning check: {', '.join(algos)} for {demo_args.steps} steps from {warm} into {out}", flush=True)
-    if args.processes == 1:
-        status = run_in_process(envs)
+    if args.model:
+        dataset, source = "arith_shots", args.model
+        envs = {a: real_model_variables(args.model, out, a, args.steps) for a in algos}
     else:
-        status = run_side_by_side(envs, out, None if args.max_seconds is None else started + args.max_seconds)
+        if warm is None:
+            warm = demo.warm_start(args.cache_dir, demo_args.sft_steps, demo_args.warm_seed, demo_args.sft_noise,
+                                   batch_size=demo_args.sft_batch)
+        dataset, source = "arith", os.path.abspath(warm)
+        envs = {a: launcher_variables(demo_args, source, out, a) for a in algos}
+    os.makedirs(out, exist_ok=True)
+    print(f"learning check: {', '.join(algos)} for {envs[algos[0]]['MAX_STEPS']} steps from {source} into {out}"
+          + (f"; {FORMAT}" if args.model else ""), flush=True)
+    if args.processes == 1:
+        status = run_in_process(envs, dataset)
+    else:
+        status = run_side_by_side(envs, out, None if args.max_seconds is None else started + args.max_seconds,
+                                  dataset)
     results = {a: {**summarize(os.path.join(out, a)), "exit": status[a]} for a in algos}
-    summary = {"learning": results, "warm": os.path.abspath(warm), "seconds": round(time.time() - started, 1)}
+    summary = {"learning": results, "warm": source, "seconds": round(time.time() - started, 1)}
+    if args.model:
+        summary["format"] = FORMAT
+        if all(s == 0 for s in status.values()):
+            summary["evaluation"] = evaluate_before_after(args.model, out, algos, args.eval_questions, args.eval_n)
+            summary["seconds_with_evaluation"] = round(time.time() - started, 1)
     write_json_atomic(os.path.join(out, "learning.json"), summary)
-    print(report(results))
+    print(report(results, summary.get("evaluation")))
     print(json.dumps(summary), flush=True)
     if any(s not in (0, None) for s in status.values()):
         return 2

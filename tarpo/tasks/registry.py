@@ -44,7 +44,16 @@ def system_prompts() -> dict:
 
 
 def messages(kind: str, user: str) -> list[dict]:
-    return [{"role": "system", "content": system_prompts()[kind]["system"]}, {"role": "user", "content": user}]
+    """The chat prompt of a question: the kind's system prompt, its worked examples as earlier turns (a kind with
+    ``examples``: [question, answer] pairs), then the question.
+
+    >>> [m["role"] for m in messages("arith_shots", "Compute 1 + 2.")]
+    ['system', 'user', 'assistant', 'user', 'assistant', 'user']
+    """
+    prompt = system_prompts()[kind]
+    shots = [{"role": role, "content": text} for pair in prompt.get("examples", ())
+             for role, text in zip(("user", "assistant"), pair)]
+    return [{"role": "system", "content": prompt["system"]}, *shots, {"role": "user", "content": user}]
 
 
 def answer_tag(kind: str) -> str:
@@ -214,6 +223,10 @@ TASKS: dict[str, Task] = {t.name: t for t in [
          eval_lengths=(2048, 2048)),
     # The CPU testbed's synthetic arithmetic (tarpo.tasks.synthetic); generated, never downloaded.
     Task("arith", "arith", parse_arith, "gsm8k", "", eval_lengths=(256, 64), generate=synthetic.make_split),
+    # the same problems, the answer format shown by two worked examples as earlier chat turns: how a small real
+    # model (SmolLM2-135M-Instruct) starts writing the #### tag the reward reads (docs/real-model.md)
+    Task("arith_shots", "arith_shots", parse_arith, "gsm8k", "", eval_lengths=(256, 64),
+         generate=synthetic.make_split),
 ]}
 # The MATH hub copy is split by subject; its configs are concatenated alphabetically.
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
