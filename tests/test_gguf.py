@@ -56,7 +56,7 @@ def bad_files(tmp_path):
     noise = tmp_path / "noise.gguf"
     noise.write_bytes(os.urandom(4096))
     return [
-        ("cut short", str(cut), "cut short"),
+        ("cut short", str(cut), "corrupt or cut short (ValueError: cannot reshape"),
         ("truncated in its header", str(header_only), "corrupt or cut short"),
         ("not GGUF", str(noise), "not a readable GGUF file"),
         ("architecture", write_gguf(tmp_path / "phi.gguf", arch="phi3"),

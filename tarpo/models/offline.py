@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         print(gguf_file(args.preset, args.cache_dir) if args.gguf else prepare(args.preset, args.cache_dir))
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError, OSError, KeyError, StopIteration, zipfile.BadZipFile) as exc:
         print(f"tarpo.models.offline: error: {exc}", file=sys.stderr)
         return 2
     return 0

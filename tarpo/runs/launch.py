@@ -96,8 +96,9 @@ def launch_processes(cfg: LaunchConfig) -> int:
 
 def configure(dataset: str, main_process: bool, launched: bool):
     """Step 1: the run's :class:`LaunchConfig`, its :class:`tarpo.config.TarpoConfig` and identity, and whether this
-    process starts the run's processes. Every check runs here, before any model loads or any file is written; a
-    bad launcher variable is refused before torch is imported (``ValueError`` naming it)."""
+    process starts the run's processes. Every check runs here, before any model loads or any file is written (a
+    ``.gguf`` MODEL, once checked, is converted into the cache ``runs/cache/gguf``, even on DRY_RUN: the plan reads
+    its architecture); a bad launcher variable is refused before torch is imported (``ValueError`` naming it)."""
     env = dict(os.environ)
     checked_variables(dataset, env)
     if main_process and not launched:  # what the run uses, in the launcher's words, before the heavy imports
@@ -107,9 +108,10 @@ def configure(dataset: str, main_process: bool, launched: bool):
     run_identity.check(cfg, ident)  # a folder of another run is refused before anything loads
     import torch  # torch, TRL: once every variable is checked
 
+    check_data(cfg)
     from ..models.gguf import gguf_folder, is_gguf
-    if is_gguf(cfg.model):  # converted once into runs/cache/gguf (tarpo.models.gguf), read as a folder from here on
-        cfg = replace(cfg, model=gguf_folder(cfg.model))
+    if is_gguf(cfg.model):  # converted once into runs/cache/gguf (a cache keyed by the file's bytes, not a run's
+        cfg = replace(cfg, model=gguf_folder(cfg.model))  # output): the memory plan reads its architecture there
 
     from ..training.distributed import cpu_requested
     from . import run_config
@@ -118,7 +120,6 @@ def configure(dataset: str, main_process: bool, launched: bool):
     # this process starts the run's processes, unless it is one of them (or accelerate started it)
     starts = command is not None and not launched and "LOCAL_RANK" not in os.environ
     cfg = replace(cfg, launch_command=None if command is None else shlex.join(command))
-    check_data(cfg)
     planned = run_config.trainer_arguments(cfg, cuda, whole_step=starts)  # validated: what the plan reads
     cfg = run_config.plan_memory(cfg, planned, cuda)  # the GPU's plan, in the launcher's precision
     if not cfg.dry_run:  # DRY_RUN=1 shows what a GPU would train

@@ -77,9 +77,9 @@ def launcher_variables(demo_args, warm: str, out: str, algo: str) -> dict[str, s
     return {**out_vars, "MODEL": warm, "ALGO": algo, "OUT_DIR": out, "RUN_NAME": algo, "EVAL": "0"}
 
 
-def real_model_variables(model: str, out: str, algo: str, steps: int | None) -> dict[str, str]:
+def real_model_variables(model: str, out: str, algo: str, steps: int | None, seed: int = 0) -> dict[str, str]:
     """The launcher variables of one run of the real-model check (:data:`REAL_MODELS`)."""
-    extra = {"MAX_STEPS": str(steps)} if steps else {}
+    extra = {"MAX_STEPS": str(steps), "SEED": str(seed)} if steps else {"SEED": str(seed)}
     return {**REAL_MODELS[model], **extra, "MODEL": model, "ALGO": algo, "OUT_DIR": out, "RUN_NAME": algo,
             "EVAL": "0", "SAVE_STEPS": "1000"}
 
@@ -100,13 +100,15 @@ def evaluate_before_after(model: str, out: str, algos, questions: int, n: int) -
                    "--limit", str(questions), "--n", str(n), "--mode", mode, "--max-new-tokens",
                    REAL_MODELS[model]["MAX_COMPLETION_LENGTH"], "--out", folder]
         started = time.time()
-        subprocess.run(command + (["--adapter", adapter] if adapter else []), check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run(command + (["--adapter", adapter] if adapter else []), stdout=subprocess.DEVNULL)
+        if done.returncode != 0:
+            return {**results, name: {"mode": mode, "failed": f"tarpo eval exit {done.returncode}"}}
         with open(os.path.join(folder, "arith_shots.results.json")) as f:
             metrics = json.load(f)["metrics"]
         results[name] = {"mode": mode, "pass@1": metrics["pass@1"], "ci95": metrics["accuracy_ci95"],
                          "soft_ratio": metrics["soft_ratio"], "seconds": round(time.time() - started, 1)}
     base = results["base"]
-    for name in algos:
+    for name in algos:  # the base's interval: pass@1 ± ci95 over its questions
         results[name]["above_base_interval"] = results[name]["pass@1"] > base["pass@1"] + base["ci95"]
     return results
 
@@ -283,6 +285,9 @@ def main(argv=None) -> int:
         return 2
     out = os.path.abspath(args.out or os.path.join("runs", time.strftime("learning-check-%Y%m%d-%H%M%S")))
     warm = args.warm
+    if warm is not None and args.model:
+        print("learning check: --warm and --model: a real model starts from its own weights", file=sys.stderr)
+        return 2
     if warm is not None and not os.path.isfile(os.path.join(warm, "config.json")):
         print(f"learning check: --warm {warm}: no config.json there (a folder demo.warm_start wrote)", file=sys.stderr)
         return 2
@@ -292,7 +297,7 @@ def main(argv=None) -> int:
     started = time.time()
     if args.model:
         dataset, source = "arith_shots", args.model
-        envs = {a: real_model_variables(args.model, out, a, args.steps) for a in algos}
+        envs = {a: real_model_variables(args.model, out, a, args.steps, args.seed) for a in algos}
     else:
         if warm is None:
             warm = demo.warm_start(args.cache_dir, demo_args.sft_steps, demo_args.warm_seed, demo_args.sft_noise,
