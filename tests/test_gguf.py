@@ -108,3 +108,17 @@ def test_the_offline_command_refuses_a_preset_no_package_ships(capsys):
     with pytest.raises(SystemExit):
         offline.main(["qwen2.5-3b"])  # argparse: not a choice
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_preset_runs_identity_is_the_same_before_and_after_its_offline_copy_is_made(monkeypatch, tmp_path):
+    """A run started on the preset's hub id and resumed once ``python -m tarpo.models.offline`` has made its folder
+    is the same run (before: its identity named the hub id, then the folder, and the resumption was refused)."""
+    from tarpo.runs.run_identity import identity
+
+    monkeypatch.chdir(tmp_path)
+    hub = resolve("gsm8k", {"MODEL": "smollm2-135m"})
+    folder = tmp_path / offline.model_folder("smollm2-135m")
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    local = resolve("gsm8k", {"MODEL": "smollm2-135m"})
+    assert local.model != hub.model and identity(local) == identity(hub)

@@ -22,7 +22,7 @@ import os
 from ..atomic_files import write_json_atomic
 from ..models.gguf import digest, is_gguf
 from .launch_config import LaunchConfig
-from .presets import variable_of
+from .presets import MODELS, variable_of
 
 IDENTITY_FILE = "run_identity.json"
 # TarpoConfig fields a run may change from one launch to the next (none changes what is trained on, nor how)
@@ -72,8 +72,12 @@ def identity(cfg: LaunchConfig) -> dict:
     """The run's identity, of the configuration as :func:`tarpo.runs.presets.resolve` returns it (before the
     device and the memory plan change it): launcher names where a variable sets the value, TarpoConfig's
     names elsewhere."""
-    out = {"MODEL": os.path.abspath(cfg.model) if os.path.exists(cfg.model) else cfg.model,
-           "MODEL (config and files)": model_digest(cfg.model), "dataset": cfg.dataset, "ALGO": cfg.algo,
+    # a preset is named by its hub id, also when it loads the folder tarpo.models.offline made of it (the same model;
+    # the identity of the preset runs made before that folder existed)
+    model = MODELS[cfg.preset]["hub_id"] if cfg.preset else (
+        os.path.abspath(cfg.model) if os.path.exists(cfg.model) else cfg.model)
+    out = {"MODEL": model, "MODEL (config and files)": None if cfg.preset else model_digest(cfg.model),
+           "dataset": cfg.dataset, "ALGO": cfg.algo,
            "DATA_PATH": os.path.abspath(cfg.data_path) if cfg.data_path else None,
            "DATA_PATH (contents)": file_digest(cfg.data_path) if cfg.data_path else None,
            "TRAIN_LIMIT": cfg.train_limit,
