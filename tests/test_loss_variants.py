@@ -105,21 +105,34 @@ def test_trls_loss_options_equal_trls_for_hard_routing(option, loss_type):
     entropy_coef, off-policy (a reused batch), against TRL's _compute_loss: the same loss and gradient."""
     b = batch(5)
     trl_kw, our_kw = OPTIONS[option]
-    old = b["logp"] - (torch.rand(B, T, generator=torch.Generator().manual_seed(6)) - 0.5) * 2.4  # e^-1.2 .. e^1.2
-    entropy = torch.rand(B, T, generator=torch.Generator().manual_seed(7)) * 3
-    logp_a, logp_b = b["logp"].clone().requires_grad_(True), b["logp"].clone().requires_grad_(True)
+    # the log-probs and the entropy from the same logits, so that the gradient through each is compared
+    logits = torch.randn(B, T, 6, generator=torch.Generator().manual_seed(7)) * 2
+    targets = torch.randint(0, 6, (B, T), generator=torch.Generator().manual_seed(8))
+    leaf_a, leaf_b = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+
+    def from_logits(z):
+        logp_all = z.log_softmax(-1)
+        return logp_all.gather(-1, targets[..., None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+    (logp_a, entropy_a), (logp_b, entropy_b) = from_logits(leaf_a), from_logits(leaf_b)
+    entropy = entropy_a.detach()
+    old = logp_a.detach() - (torch.rand(B, T, generator=torch.Generator().manual_seed(6)) - 0.5) * 2.4  # e^-1.2..1.2
     kept = None
     if option == "off_policy_mask_threshold":
         kept = GRPOTrainer.get_off_policy_mask(b["adv"][:, None], logp_a, old, b["mask"].float(), 0.05)
         assert 0 < kept.sum() < B  # some rows dropped, some kept
-    a = ours(loss_type, "token", logp_a, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropy=entropy,
+    a = ours(loss_type, "token", logp_a, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropy=entropy_a,
              rows_kept=kept, **our_kw)
-    t = trl_loss(loss_type, "token", logp_b, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropies=entropy,
+    t = trl_loss(loss_type, "token", logp_b, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropies=entropy_b,
                  **trl_kw)
     torch.testing.assert_close(a, t)
-    torch.testing.assert_close(torch.autograd.grad(a, logp_a)[0], torch.autograd.grad(t, logp_b)[0])
-    plain = trl_loss(loss_type, "token", b["logp"], old, b["ref"], b["adv"], b["mask"], beta=0.04, entropies=entropy)
+    g_t = torch.autograd.grad(t, leaf_b)[0]
+    torch.testing.assert_close(torch.autograd.grad(a, leaf_a)[0], g_t)
+    plain_leaf = logits.clone().requires_grad_(True)
+    logp_c, _ = from_logits(plain_leaf)
+    plain = trl_loss(loss_type, "token", logp_c, old, b["ref"], b["adv"], b["mask"], beta=0.04, entropies=entropy)
     assert not torch.allclose(t, plain)  # the option changes the loss here: the comparison means something
+    # ... and its gradient
+    assert not torch.allclose(g_t, torch.autograd.grad(plain, plain_leaf)[0])
 
 
 def test_clip_higher_clips_above_at_epsilon_high():
@@ -280,9 +293,13 @@ def test_the_scoring_gives_the_entropy_from_its_log_prob_chunks():
     plain = token_logprobs(head, hidden, targets, mask, 0.5, 2)
     logp, entropy = token_logprobs(head, hidden, targets, mask, 0.5, 2, with_entropy=True)
     # exact: the same ops on the same chunks; with_entropy only adds an output
-    assert torch.equal(logp, plain) and not entropy.requires_grad
+    assert torch.equal(logp, plain)
     full = torch.log_softmax(head(hidden).float() / 0.5, -1)
-    torch.testing.assert_close(entropy, torch.where(mask, -(full.exp() * full).sum(-1), torch.zeros(3, 4)))
+    reference = torch.where(mask, -(full.exp() * full).sum(-1), torch.zeros(3, 4))
+    torch.testing.assert_close(entropy, reference)
+    # the entropy keeps its gradient (the entropy bonus trains through it, as TRL's)
+    torch.testing.assert_close(torch.autograd.grad(entropy.sum(), hidden, retain_graph=True)[0],
+                               torch.autograd.grad(reference.sum(), hidden, retain_graph=True)[0])
     torch.testing.assert_close(torch.autograd.grad(logp.sum(), hidden)[0],
                                torch.autograd.grad(plain.sum(), hidden)[0])
 

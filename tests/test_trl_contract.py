@@ -120,6 +120,24 @@ def test_a_trl_training_scenario_trains_every_parameter(model_dir, tmp_path, sce
         assert set(trainer._logs["rewards"]) == {"codes", "length"}
 
 
+def test_the_entropy_bonus_trains_and_is_logged_as_trls(model_dir, tmp_path):
+    """``entropy_coef`` changes the gradient, not only the logged loss (the entropy keeps its gradient, as TRL's
+    does): one SGD step from the same start and data moves the adapter otherwise than with the bonus off. Logged as
+    TRL logs it: ``policy_loss``, ``entropy_coef``, and ``loss`` = ``policy_loss`` - coef x the entropy."""
+    adapters = {}
+    for coef in (0.0, 0.5):
+        args = config(tmp_path / str(coef), entropy_coef=coef, max_steps=1, optim="sgd", learning_rate=0.1,
+                      lr_scheduler_type="constant", warmup_steps=0, use_vllm=False)
+        trainer = TarpoTrainer(model_dir, codes, args=args, train_dataset=standard())
+        trainer.train()
+        adapters[coef] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+        (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert log["entropy_coef"] == 0.5 and "policy_loss" in log
+    assert math.isclose(log["loss"], log["policy_loss"] - 0.5 * log["entropy_bonus"], rel_tol=1e-4, abs_tol=1e-6)
+    moved = max((adapters[0.5][n] - adapters[0.0][n]).abs().max().item() for n in adapters[0.0])
+    assert moved > 1e-4, moved
+
+
 def test_a_streaming_data_set_trains_for_max_steps(model_dir, tmp_path):
     """A datasets.IterableDataset with max_steps, as TRL takes it (before: len() of the training set, TypeError)."""
     stream = datasets.IterableDataset.from_generator(lambda: ({"prompt": f"question {i} is"} for i in range(64)))

@@ -344,9 +344,10 @@ def tarpo_loss(settings: LossSettings, scores, batch: LossBatch) -> tuple[torch.
     l_kl = kl_tok_sum + settings.alpha * kl_act_sum
     loss = l_tok + settings.lambda_act * l_act + settings.beta * l_kl
     terms = {"loss_tok": l_tok, "loss_act": l_act, "loss_kl": l_kl, "kl_tok": kl_tok_sum, "kl_act": kl_act_sum}
-    if settings.entropy_coef:
+    if settings.entropy_coef:  # TRL's bonus and logs: loss = policy_loss - coef * entropy (with its gradient)
         steps = mask if b.entropy_mask is None else mask & b.entropy_mask.bool()
         terms["entropy_bonus"] = (scores.entropy * steps).sum() / steps.sum().clamp(min=1)
+        terms["policy_loss"], terms["entropy_coef"] = loss, loss.new_tensor(settings.entropy_coef)
         loss = loss - settings.entropy_coef * terms["entropy_bonus"]
     return loss, {k: v.detach() for k, v in terms.items()}
 

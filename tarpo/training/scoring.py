@@ -37,7 +37,7 @@ class StepScores:
     kl_act: torch.Tensor            # KL(rho_theta || rho_ref) (0 if no reference / router)
     logp_soft_input: torch.Tensor | None = None  # log-density of a soft step's random input (the soft input's
     #                                          draw_log_density): Soft Tokens' log N(u_t; mean_theta, sigma^2 I), ...
-    entropy: torch.Tensor | None = None      # entropy of pi_theta(.|s_t) at T_s, no gradient (with_entropy)
+    entropy: torch.Tensor | None = None      # entropy of pi_theta(.|s_t) at T_s, with its gradient (with_entropy)
 
 
 def sequence_hidden(backbone: Backbone, rollout, soft_input) -> torch.Tensor:
@@ -64,8 +64,9 @@ def _logp_chunk(head, hidden, targets, temperature, with_entropy=False):
         return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
     lse = logits.logsumexp(-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-    with torch.no_grad():  # H = logsumexp(z) - sum_j p_j z_j, from the chunk's logits already in memory
-        return logp, lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    # H = logsumexp(z) - sum_j p_j z_j, from the chunk's logits already in memory; with its gradient, which the
+    # entropy bonus (entropy_coef) follows, as TRL's does (a use without one, the high-entropy mask, costs nothing)
+    return logp, lse - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
 def _full_kl_chunk(head, hidden, ref_hidden, temperature, ref_head=None):
@@ -106,7 +107,7 @@ def soft_input_logprobs(backbone, hidden, rollout, mask, temperature, chunk_size
 
 def token_logprobs(head, hidden, targets, mask, temperature, chunk_size, with_entropy=False):
     """log softmax(head(h)/T_s)[v_t] at masked positions, 0 elsewhere; [B, T] fp32. ``with_entropy``: also the
-    entropy of softmax(head(h)/T_s) there (no gradient), from the same chunks' logits: ``(logp, entropy)``."""
+    entropy of softmax(head(h)/T_s) there (with its gradient), from the same chunks' logits: ``(logp, entropy)``."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
     if not with_entropy:
         out[mask] = _chunked(lambda h, t: _logp_chunk(head, h, t, temperature), chunk_size,
