@@ -46,8 +46,8 @@ def both_runs(tmp_path_factory):
     test_without_the_wrapped_forward_the_ranks_train_two_models)."""
     root = tmp_path_factory.mktemp("ddp")
     common = ("--steps", str(STEPS), "--optim", "sgd")
-    run("ddp_worker.py", root / "two", "--cases", "learned:vowels,hard:vowels,learned:vowels:direct", *common,
-        processes=2)
+    run("ddp_worker.py", root / "two", "--cases",
+        "learned:vowels,hard:vowels,learned:vowels:direct,learned:vowels:nanrank0", *common, processes=2)
     run("ddp_worker.py", root / "one", "--cases", "learned:vowels,hard:vowels", *common, "--grad-accum", "2")
     return root
 
@@ -100,6 +100,18 @@ def test_without_the_wrapped_forward_the_ranks_train_two_models(both_runs):
     start = trainable(out, 0, 0)
     assert all(torch.equal(start[k], trainable(out, 1, 0)[k]) for k in start)  # exact: one model, copied
     assert max((a[k] - b[k]).abs().max().item() for k in a) > 10 * TOLERANCE
+
+
+def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(both_runs):
+    """Rank 0's first loss NaN, its gradients finite (DDP's all-reduce spreads nothing): both ranks skip step 1 and
+    stay one model (before: rank 0 skipped, rank 1 stepped, and the replicas parted for good)."""
+    out = both_runs / "two" / "learned-vowels-nanrank0"
+    start = trainable(out, 0, 0)
+    for step in range(STEPS + 1):
+        a, b = trainable(out, 0, step), trainable(out, 1, step)
+        assert all(torch.equal(a[k], b[k]) for k in a), f"ranks differ at step {step}"  # exact: one decision
+    assert all(torch.equal(trainable(out, 0, 1)[k], start[k]) for k in start)  # step 1 skipped everywhere
+    assert any(not torch.equal(trainable(out, 0, STEPS)[k], start[k]) for k in start)  # later steps train
 
 
 def test_lockstep_ranks_make_the_same_decode_steps_and_the_rollouts_of_running_alone(tmp_path):

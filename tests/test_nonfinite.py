@@ -2,6 +2,7 @@
 overflow would turn it) is skipped and counted, NaN at every step stops the run with one line, a rollout's NaN is
 caught the same way, and no save writes a non-finite tensor."""
 
+import json
 import math
 
 import pytest
@@ -47,13 +48,24 @@ def test_one_nan_training_forward_skips_its_step_and_every_trained_tensor_stays_
                                                                                        monkeypatch):
     """The 2nd of 8 training forwards (step 1's second micro-batch) turns NaN. Before the guard the optimizer stepped
     on NaN gradients: 18 trained tensors NaN, the run went on, and every later loss was logged as 0.0."""
+    from tarpo.training.callbacks import JsonlLogger
+
     calls = nan_forwards(monkeypatch, {2})
     trainer = trainer_of(tokenizer, tmp_path)
+    trainer.add_callback(JsonlLogger(str(tmp_path / "metrics.jsonl")))
     trained = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
     start = {n: p.detach().clone() for n, p in trained.items()}
     rates = []
     at_step_end(monkeypatch, trainer, lambda: rates.append(trainer.optimizer.param_groups[0]["lr"]))
-    trainer.train()
+    result = trainer.train()
+    # the run's loss is finite, and its metrics log is strict JSON: the skipped step's loss is null there
+    assert math.isfinite(result.training_loss)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} in metrics.jsonl")
+    records = [json.loads(line, parse_constant=refuse) for line in open(tmp_path / "metrics.jsonl")]
+    assert records[0]["loss"] is None and records[0]["nonfinite_steps"] == 1
+    assert math.isfinite(records[-1]["train_loss"])
     assert calls[0] == 8
     assert all(torch.isfinite(p).all() for p in trained.values())
     assert all(not torch.equal(trained[n], start[n]) for n in trained)  # exact: steps 2-4 trained every tensor
@@ -82,6 +94,27 @@ def test_one_nan_step_leaves_the_parameters_and_the_optimizer_as_they_were(token
     assert all(not torch.equal(seen[1][n], before[n]) for n in before)
     state = skipped.optimizer.state
     assert state and all(int(s["step"]) == 1 for s in state.values())  # one update, not two
+
+
+def test_a_nan_evaluation_forward_neither_skips_nor_counts_a_training_step(tokenizer, tmp_path, monkeypatch):
+    """Only training losses decide a step: evaluation after step 1 (its forwards NaN) leaves step 2 to train."""
+    calls, score = [], trainer_module.score_rollout
+
+    def scoring(*args, **kwargs):
+        scores = score(*args, **kwargs)
+        calls.append(torch.is_grad_enabled())
+        if not torch.is_grad_enabled():  # the evaluation's forwards
+            scores.logp_tok = scores.logp_tok * float("nan")
+        return scores
+    monkeypatch.setattr(trainer_module, "score_rollout", scoring)
+    args = make_args(tmp_path, max_steps=2, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                     eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4)
+    trainer = TarpoTrainer(model=tiny_causal_lm(tokenizer, "qwen2", seed=0), reward_funcs=letter_reward, args=args,
+                           train_dataset=make_dataset(), eval_dataset=make_dataset(4), processing_class=tokenizer)
+    trainer.train()
+    assert False in calls  # an evaluation ran, NaN
+    logs = [h for h in trainer.state.log_history if "reward" in h and "loss" in h]
+    assert [h["nonfinite_steps"] for h in logs] == [0, 0] and all(math.isfinite(h["loss"]) for h in logs)
 
 
 def test_nan_at_every_step_stops_the_run_naming_the_step_and_the_last_checkpoint(tokenizer, tmp_path, monkeypatch):

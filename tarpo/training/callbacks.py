@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 
@@ -46,8 +47,9 @@ class JsonlLogger(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero:
-            with open(self.path, "a") as f:
-                f.write(json.dumps({"step": state.global_step, **(logs or {})}) + "\n")
+            record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in (logs or {}).items()}
+            with open(self.path, "a") as f:  # NaN and inf (a skipped step's loss) as null: strict JSON
+                f.write(json.dumps({"step": state.global_step, **record}, allow_nan=False) + "\n")
 
 
 class ProgressBar(TrainerCallback):

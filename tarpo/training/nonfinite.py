@@ -7,11 +7,13 @@ iteration whose gradients overflowed:
 
 - every micro-batch's loss is checked on the device (an or'ed flag, no host synchronisation);
 - at the optimizer step, after the gradient clip, the pre-clip gradient norm (inf or NaN when any gradient is) and
-  that flag are read once (one host read a step, of the norm transformers reads anyway to log it);
+  that flag are or'ed over the processes (one all-reduce of one number, so that every rank takes the same decision)
+  and read once (one host read a step, of the norm transformers reads anyway to log it);
 - a bad step drops every gradient (the optimizer then changes neither a parameter nor its state: both torch's AdamW
   and bitsandbytes' skip a parameter without a gradient) and marks the optimizer step skipped, so the learning-rate
   schedule does not advance (accelerate's ``step_was_skipped``, which transformers reads); the step counter does
-  advance (the step's data were used). The skipped step's loss and gradient norm are logged as they were (NaN),
+  advance (the step's data were used). The skipped step's loss and gradient norm are logged NaN (``null`` in
+  ``metrics.jsonl``, which every JSON reader takes), its loss left out of the run's ``train_loss`` (finite),
   ``nonfinite_steps`` counts the skipped steps of the run;
 - ``TarpoConfig.max_nonfinite_steps`` bad steps in a row stop the run with :class:`NonFiniteTraining`, one line
   naming the step, the last complete checkpoint and the usual causes.
@@ -32,6 +34,19 @@ CAUSES = ("a learning rate too high for the model (LR, ROUTER_LR), bf16 overflow
           "small model to tell), or a reward function that returns NaN or inf")
 
 
+def on_any_rank(flag: torch.Tensor) -> torch.Tensor:
+    """``flag`` (a bool tensor) or'ed over the processes of a distributed run, on the device (one all-reduce of
+    one number): every rank then takes the same decision, also when a non-finite value has no gradient path
+    for DDP's all-reduce to spread (a loss term on one rank alone). ``flag`` itself in one process."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = flag.float().reshape(1).to(device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value[0] > 0
+
+
 class NonFiniteTraining(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient norm."""
 
@@ -41,6 +56,7 @@ class NonFiniteGuard:
 
     def __init__(self, limit: int):
         self.limit, self.in_a_row, self.count, self._bad_loss = limit, 0, None, None
+        self.skipped_since_log = False  # a step of the logging window was skipped: its loss is logged NaN
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss: whether it is finite, kept on the device until the step's check."""
@@ -59,7 +75,7 @@ class NonFiniteGuard:
         if self._bad_loss is not None:
             bad = bad | self._bad_loss
         self._bad_loss = None
-        finite = not bool(bad.item())  # the one host read of the step
+        finite = not bool(on_any_rank(bad).item())  # the one host read of the step
         trainer.optimizer._is_overflow = not finite  # accelerate's "this step was skipped": no LR schedule step
         trainer._metrics["train"]["nonfinite_steps"].append(float(self.count + (not finite)))
         if finite:
@@ -68,6 +84,12 @@ class NonFiniteGuard:
         self.count += 1
         self.in_a_row += 1
         trainer.model.zero_grad(set_to_none=True)
+        # The step's NaN leaves transformers' loss sums (so the run's train_loss stays finite); the loss of the
+        # logging window is logged NaN instead (TarpoTrainer.log), which metrics.jsonl writes as null. The sum is
+        # the Trainer's private ``_tr_loss``: transformers has no public way to drop a step's loss from it.
+        if getattr(trainer, "_tr_loss", None) is not None:
+            trainer._tr_loss.zero_()
+        self.skipped_since_log = True
         step = trainer.state.global_step + 1
         if self.in_a_row >= self.limit:
             last = checkpoints.last_complete_checkpoint(trainer.args.output_dir, report=lambda _: None)

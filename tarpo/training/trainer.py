@@ -230,7 +230,8 @@ class TarpoTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         # the accumulation steps a training step sums (TRL's scaling; an evaluation accumulates nothing)
         accumulated = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        self.nonfinite.observe_loss(loss)
+        if mode == "train":  # an evaluation's loss never decides a training step
+            self.nonfinite.observe_loss(loss)
         for name, value in terms.items():  # a minimum and a maximum over the processes, else the mean
             value = self.accelerator.gather(value[None])
             value = value.min() if name.endswith("_min") else value.max() if name.endswith("_max") else value.mean()
@@ -270,8 +271,9 @@ class TarpoTrainer(GRPOTrainer):
                 own = name.startswith(("logp_drift", "importance_sampling/")) and name.endswith(("_max", "_min"))
                 if finite and (own or name == "nonfinite_steps"):
                     step_metrics[name] = [min(finite) if name.endswith("_min") else max(finite)]
-        if getattr(self, "_tr_loss", None) is not None:  # a skipped step's NaN, logged, leaves the sum (no sync)
-            torch.nan_to_num_(self._tr_loss, nan=0.0, posinf=0.0, neginf=0.0)
+        if "loss" in logs and self.nonfinite.skipped_since_log:  # the window's loss left the sums (step_is_finite)
+            logs["loss"] = float("nan")
+        self.nonfinite.skipped_since_log = False
         super().log(logs, start_time)
 
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):

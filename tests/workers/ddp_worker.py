@@ -11,6 +11,9 @@ tests/workers/fsdp_site on PYTHONPATH) the saved tensors are gathered whole. ``-
 trains each case in turn into ``<out>/<routing>-<reward>/`` (``reward`` vowels: the share of vowels; zero:
 every reward 0, so every advantage 0).
 
+A case ``routing:reward:nanrank0`` makes rank 0's first training loss NaN, its gradients finite
+(:func:`nan_loss_on_rank0`).
+
 ``--direct-forward`` (or a case ``routing:reward:direct``, into ``<out>/<routing>-<reward>-direct/``) restores a
 defect (docs/several-gpus.md): the training forward calls the decoder directly instead of through the module
 accelerate wrapped, so DDP never all-reduces a gradient.
@@ -106,10 +109,11 @@ def main():
         grpo.shuffle_sequence_dict = lambda batch: batch
     cases = ([c.split(":") for c in args.cases.split(",")] if args.cases
              else [[args.routing, "vowels", *(["direct"] if args.direct_forward else [])]])
-    through = trainer_module.forward_through
-    for routing, reward, *direct in cases:
-        out = os.path.join(args.out, "-".join([routing, reward, *direct])) if args.cases else args.out
-        trainer_module.forward_through = (lambda wrapped, inner, fn: fn()) if direct == ["direct"] else through
+    through, loss = trainer_module.forward_through, trainer_module.rollout_loss
+    for routing, reward, *flags in cases:
+        out = os.path.join(args.out, "-".join([routing, reward, *flags])) if args.cases else args.out
+        trainer_module.forward_through = (lambda wrapped, inner, fn: fn()) if "direct" in flags else through
+        trainer_module.rollout_loss = nan_loss_on_rank0(loss) if "nanrank0" in flags else loss
         train(args, routing, REWARDS[reward], out)
     # leave together: a rank that exits while the other still talks to it aborts ("terminate called without an
     # active exception"), which a loaded machine (pytest-xdist's other worker) makes likely
@@ -123,6 +127,20 @@ def main():
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def nan_loss_on_rank0(rollout_loss):
+    """Case flag ``nanrank0``: rank 0's first training loss is NaN with finite gradients (a non-finite term without
+    a gradient path), which DDP's all-reduce does not spread: the ranks must still take one decision."""
+    calls = [0]
+
+    def loss(*args, **kwargs):
+        value, terms = rollout_loss(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == 1 and int(os.environ.get("RANK", "0")) == 0:
+            value = value + float("nan")
+        return value, terms
+    return loss
 
 
 def train(args, routing, reward, out):
