@@ -9,7 +9,7 @@
 set -euo pipefail
 set -a
 # >>> the paper's settings for gsm8k (qwen2.5-3b's where they depend on the model), written by
-# scripts/write_launchers.py from tarpo/runs/presets.py
+# scripts/write_launchers.py from tarpo/runs/presets.py (digest 3609cfc948fe)
 TARPO_FROM_ENVIRONMENT=$(for v in MODEL ALGO ACTION_BIAS LR ROUTER_LR GROUP_SIZE BATCH MAX_PROMPT_LENGTH \
   MAX_COMPLETION_LENGTH TEMPERATURE SOFT_TOP_K ACTION_TEMPERATURE BETA ALPHA LAMBDA LORA_R \
   LORA_ALPHA LORA_TARGETS OPTIM LR_SCHEDULE WARMUP WEIGHT_DECAY MAX_GRAD_NORM EPOCHS BF16 \

@@ -16,7 +16,7 @@ from test_launch import ROOT, dry_run
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import write_launchers  # noqa: E402
 
-WRITTEN = re.compile(r"^([A-Z_]+)=\$\{\1:-([^}$]+)\}", re.M)  # a variable with its value written in
+WRITTEN = re.compile(r"^([A-Z][A-Z0-9_]*)=\$\{\1:-([^}$]+)\}", re.M)  # a variable with its value written in
 
 
 def test_the_launchers_and_their_values_file_hold_what_the_presets_give():
@@ -32,6 +32,34 @@ def test_a_changed_preset_would_be_found(monkeypatch):
     monkeypatch.setitem(presets.DATASETS, "math", {**presets.DATASETS["math"], "num_generations": 16})
     stale = [os.path.relpath(p, ROOT) for p, text in write_launchers.expected().items() if open(p).read() != text]
     assert stale == ["tarpo/resources/launcher_values.json", "run_math.sh"]
+
+
+def test_the_writer_refuses_to_overwrite_a_block_edited_by_hand(tmp_path, monkeypatch, capsys):
+    """A researcher's edited value survives ``write_launchers.py`` (one line naming the file, nothing written, exit
+    1); ``--force`` overwrites it; a block the writer wrote is rewritten when a preset changes."""
+    from tarpo.runs import presets
+
+    for name in ("run_gsm8k.sh", "run_math.sh", "run_dapo.sh"):
+        (tmp_path / name).write_text(open(os.path.join(ROOT, name)).read())
+    resource = tmp_path / "launcher_values.json"
+    resource.write_text(open(write_launchers.RESOURCE).read())
+    monkeypatch.setattr(write_launchers, "ROOT", str(tmp_path))
+    monkeypatch.setattr(write_launchers, "RESOURCE", str(resource))
+    math = tmp_path / "run_math.sh"
+    edited = math.read_text().replace("BETA=${BETA:-0.005}", "BETA=${BETA:-0.01}")
+    assert edited != math.read_text()
+    math.write_text(edited)
+    monkeypatch.setitem(presets.DATASETS, "gsm8k", {**presets.DATASETS["gsm8k"], "num_generations": 16})
+    before = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert write_launchers.main([]) == 1
+    assert "run_math.sh: the block of settings was edited by hand; nothing written" in capsys.readouterr().err
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == before  # not even the unedited launcher
+    assert write_launchers.main(["--force"]) == 0
+    assert "BETA=${BETA:-0.005}" in math.read_text() and "GROUP_SIZE=${GROUP_SIZE:-16}" in (
+        tmp_path / "run_gsm8k.sh").read_text()
+    monkeypatch.setitem(presets.DATASETS, "gsm8k", {**presets.DATASETS["gsm8k"], "num_generations": 4})
+    assert write_launchers.main([]) == 0  # written by the writer: rewritten without --force
+    assert "GROUP_SIZE=${GROUP_SIZE:-4}" in (tmp_path / "run_gsm8k.sh").read_text()
 
 
 @pytest.mark.parametrize("dataset", ["gsm8k", "math", "dapo"])

@@ -16,8 +16,10 @@ passed on as if unset (:func:`as_set`), so that what depends on whether a settin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 
 RESOURCE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resources", "launcher_values.json")
 FROM_ENVIRONMENT = "TARPO_FROM_ENVIRONMENT"  # the launcher's list of the variables the environment set
@@ -212,17 +214,31 @@ def block(dataset: str, values: dict) -> str:
         names.append(("  " if names else f"{FROM_ENVIRONMENT}=$(for v in ") + " ".join(words[:n]) + " \\")
         words = words[n:]
     names[-1] = names[-1][:-2] + ";"
-    return "\n".join([
-        f"{START} for {dataset} ({default}'s where they depend on the model), written by",
-        "# scripts/write_launchers.py from tarpo/runs/presets.py",
+    body = "\n".join([
         *names, "  do [ -n \"${!v:-}\" ] && printf '%s ' \"$v\"; done; true)",
         line("MODEL", v["MODEL"]), line("ALGO", v["ALGO"]), *case,
         *(line(name, v[name] if name not in MODEL_VARIABLES else models[default][name])
           for name in BLOCK if name not in ("MODEL", "ALGO")),
         END])
+    return "\n".join([f"{START} for {dataset} ({default}'s where they depend on the model), written by",
+                      f"# scripts/write_launchers.py from tarpo/runs/presets.py (digest {_digest(body)})", body])
+
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()[:12]
 
 
 def written(text: str, dataset: str, values: dict) -> str:
     """A launcher's ``text`` with its block (between :data:`START` and :data:`END`) as :func:`block` writes it."""
     start, end = text.index(START), text.index(END) + len(END)
     return text[:start] + block(dataset, values) + text[end:]
+
+
+def edited_by_hand(text: str) -> bool:
+    """Whether a launcher's block differs from what the writer wrote into it: the digest its second line records
+    is not that of the lines below it (a researcher edited a value), or it records none."""
+    start, end = text.index(START), text.index(END) + len(END)
+    head, _, rest = text[start:end].partition("\n")
+    second, _, body = rest.partition("\n")
+    recorded = re.search(r"\(digest ([0-9a-f]+)\)$", second)
+    return recorded is None or recorded.group(1) != _digest(body)
