@@ -18,7 +18,7 @@ from .algorithms import HRPO_MIXTURES, ROUTINGS, Routing
 from .trl_fields import PINNED  # the inherited fields pinned to what runs (with the honoured and the inert)
 
 TOKEN_KL_MODES = ("k3", "full")
-SCALE_REWARDS = ("group", "batch", "none")       # tarpo.training.objective.group_advantages
+SCALE_REWARDS = ("group", "batch", "none")       # tarpo.training.advantages.group_advantages
 IS_LEVELS = ("token", "sequence")                # tarpo.losses.importance_ratio
 IS_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 ENTROPY_SIDES = ("high", "low")                  # 'entropy' routing: soft where the entropy is above / below

@@ -12,7 +12,9 @@ from trl import GRPOConfig
 from helpers import loss_of
 from tarpo.config import TarpoConfig
 from tarpo.trl_fields import HONOURED, INERT, PINNED
-from tarpo.training.objective import LossSettings, group_advantages, k3
+from tarpo.training.advantages import group_advantages
+from tarpo.training.divergences import k3
+from tarpo.training.objective import LossSettings
 from tarpo.engine.rollout import RolloutSpec
 from tarpo.models.tiny import tiny_causal_lm
 from tarpo.training.trainer import TarpoTrainer

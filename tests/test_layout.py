@@ -150,8 +150,8 @@ def test_no_cli_module_imports_training():
 
 def test_a_cli_import_of_training_is_found():
     case = "tarpo.cli.case"
-    assert training_imports(case, "from ..training.objective import group_advantages\n") == {
-        "tarpo.training.objective"}
+    assert training_imports(case, "from ..training.advantages import group_advantages\n") == {
+        "tarpo.training.advantages"}
     assert training_imports(case, "from .. import evaluation, training\n") == {"tarpo.training"}
     assert training_imports(case, "import tarpo.training.distributed as d\n") == {"tarpo.training.distributed"}
     assert training_imports(case, "def run():\n    from tarpo.training import trainer\n") == {"tarpo.training"}

@@ -14,8 +14,9 @@ from trl import GRPOTrainer
 
 from helpers import loss_of
 from tarpo.config import IS_CORRECTIONS, LOSS_TYPES
-from tarpo.training.objective import (LossSettings, group_advantages, high_entropy_mask, k3,
-                                      mismatch_weights)
+from tarpo.training.advantages import group_advantages
+from tarpo.training.divergences import k3
+from tarpo.training.objective import LossSettings, high_entropy_mask, mismatch_weights
 
 B, T = 4, 5
 

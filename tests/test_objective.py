@@ -3,7 +3,9 @@ import math
 import torch
 
 from helpers import loss_of
-from tarpo.training.objective import LossSettings, group_advantages, k3, kl_divergence, two_class_kl
+from tarpo.training.advantages import group_advantages
+from tarpo.training.divergences import k3, kl_divergence, two_class_kl
+from tarpo.training.objective import LossSettings
 
 
 def test_group_advantages_hand_values_and_zero_spread():
@@ -125,3 +127,19 @@ def test_clipped_ratio_form_equals_reinforce_gradient_on_policy():
     ga = torch.autograd.grad(loss_a, ex["logp_tok"])[0]
     gb = torch.autograd.grad(loss_b, ex["logp_tok"])[0]
     torch.testing.assert_close(ga, gb)
+
+
+def test_a_row_no_reward_function_scored_is_left_out_of_its_group_as_in_trl():
+    """TRL 1.15's "unscorable" rows (every reward function returned None, NaN here): out of the group's mean and
+    standard deviation, advantage 0, out of the logged reward. Group [1, 0, None, 0]: mean 1/3, std 0.5774 over the
+    three scored rows (before: the None taken as 0, advantages 1.5, -0.5, -0.5, -0.5)."""
+    from tarpo.training.advantages import reward_advantages
+
+    r = torch.tensor([[1.0], [0.0], [float("nan")], [0.0], [1.0], [1.0], [0.0], [0.0]])
+    rewards, adv = reward_advantages(r, torch.ones(1), 4, 1e-4, "group")
+    third = 1 / 3
+    std = ((2 / 3) ** 2 / 2 + 2 * (1 / 3) ** 2 / 2) ** 0.5  # the sample std of 1, 0, 0: 0.5774
+    expected = [(1 - third) / (std + 1e-4), -third / (std + 1e-4), 0.0, -third / (std + 1e-4)]
+    torch.testing.assert_close(adv[:4], torch.tensor(expected))
+    torch.testing.assert_close(adv[4:], reward_advantages(r[4:], torch.ones(1), 4, 1e-4, "group")[1])  # unchanged
+    assert torch.isnan(rewards[2]) and math.isclose(torch.nanmean(rewards).item(), 3 / 7, rel_tol=1e-6)

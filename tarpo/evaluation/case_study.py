@@ -2,7 +2,7 @@
 
 Each question gets ``n`` samples (one group) from the rollout engine in an inference mode; each
 sample shows its training reward (the format rule of docs/algorithm.md §6) and its group-relative
-advantage, computed as the trainer computes it (:func:`tarpo.training.objective.group_advantages`,
+advantage, computed as the trainer computes it (:func:`tarpo.training.advantages.group_advantages`,
 docs/algorithm.md §2). Soft steps are highlighted, the stronger the higher the router's soft
 probability; hovering a soft step shows the top-k tokens of its mixture and their weights.
 """
@@ -17,7 +17,7 @@ import torch
 from ..engine.tagging import token_text_fn
 from ..tasks.graders import grade_batch
 from ..tasks.registry import TASKS, load_task
-from ..training.objective import group_advantages
+from ..training.advantages import group_advantages
 from .sample import sample
 from .system import RUN_FLAGS, check_system, fill_run_settings, load_system, rollout_spec
 

@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import torch
 from accelerate.utils import gather_object
-
-
-def _nanstd(x: torch.Tensor) -> float:
-    """TRL's ``nanstd``: the sample standard deviation of the non-NaN values."""
-    x = x[~torch.isnan(x)]
-    return x.std().item() if x.numel() > 1 else 0.0
+from trl.trainer.utils import nanstd
 
 
 def log_rollout(trainer, mode: str, rollout, rewards, rewards_per_func, n_trunc: int) -> None:
@@ -34,12 +29,12 @@ def log_rollout(trainer, mode: str, rollout, rewards, rewards_per_func, n_trunc:
     entropy = gather(rollout.entropy[mask].sum()[None]).sum()
     ended = gather(rollout.ended_with_eos)
     grouped = rewards.view(-1, trainer.num_generations)
-    metrics["reward"].append(rewards.mean().item())
-    metrics["reward_std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
+    metrics["reward"].append(torch.nanmean(rewards).item())  # rows no reward function scored left out (TRL's)
+    metrics["reward_std"].append(nanstd(rewards).item())
     metrics["frac_reward_zero_std"].append((grouped.max(1).values == grouped.min(1).values).float().mean().item())
     for i, name in enumerate(trainer.reward_func_names):
         metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
-        metrics[f"rewards/{name}/std"].append(_nanstd(rewards_per_func[:, i]))
+        metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, i]).item())
         if hasattr(trainer.reward_funcs[i], "timeouts"):  # answers that hit the grader's timeout (scored 0)
             timeouts = torch.tensor([float(trainer.reward_funcs[i].timeouts)], device=rewards.device)
             metrics[f"rewards/{name}/timeouts"].append(gather(timeouts).sum().item())

@@ -1,6 +1,6 @@
 """A non-finite step never reaches the parameters (docs/design-notes.md, "Preemption and non-finite steps").
 
-A bf16 overflow in one training forward (or a NaN reward, a row that divides by zero) makes a loss or a gradient
+A bf16 overflow in one training forward (or an infinite reward, a row that divides by zero) makes a loss or a gradient
 non-finite; the optimizer would write it into every trained tensor, and the run would go on, its loss logged as 0.0
 by transformers' NaN filter. :class:`NonFiniteGuard` makes the step a no-op instead, as Megatron-LM skips an
 iteration whose gradients overflowed:
@@ -31,7 +31,8 @@ import torch
 from . import checkpoints
 
 CAUSES = ("a learning rate too high for the model (LR, ROUTER_LR), bf16 overflow in long sequences (try BF16=0 on a "
-          "small model to tell), or a reward function that returns NaN or inf")
+          "small model to tell), or a reward function that returns inf (a NaN or None reward is TRL's \"not scored\": "
+          "the row is left out of its group and trains nothing, tarpo.training.advantages)")
 
 
 def on_any_rank(flag: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from ..engine.backbone import Backbone, positions_from_mask
 from ..engine.mixture import build_inputs_embeds
 from ..engine.records import SOFT_RECORDS
-from .objective import k3, kl_divergence, two_class_kl
+from .divergences import k3, kl_divergence, two_class_kl
 
 
 @dataclass

@@ -60,7 +60,8 @@ from .callbacks import StepResources
 from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
 from .nonfinite import NonFiniteGuard
-from .objective import LossSettings, loss_mask, reward_advantages, rollout_loss
+from .advantages import reward_advantages
+from .objective import LossSettings, loss_mask, rollout_loss
 from .preemption import SaveOnSignal
 from .optimizer import keep_fp32_state, parameter_groups
 from .scoring import StepScores, ScoreSettings, score_rollout
