@@ -1,7 +1,7 @@
 """The whole training step on a real model: TRL's ``GRPOTrainer`` beside ``TarpoTrainer`` as GRPO and as TARPO.
 
 All three train SmolLM2-135M-Instruct (``python -m tarpo.models.offline smollm2-135m`` first) with the same
-settings: the ``arith_shots`` questions (docs/real-model.md), the paper's reward, LoRA r 16 on every linear layer,
+settings: the learning check's ``arith_one`` questions (docs/real-model.md), the paper's reward, LoRA r 16 on every linear layer,
 ``--batch`` completions a step in groups of ``--group``, ``--length`` new tokens at most, the same sampling
 temperature, fp32 on the CPU. TRL samples with transformers' ``generate``; TarpoTrainer with its own engine (the
 eager one on a CPU, or ``--engine``). Two passes, the trainers in the order TRL, GRPO, TARPO, then the reverse (so
@@ -13,7 +13,9 @@ allocations) is reported apart; the figures are the medians of the other steps, 
 TRL 1.15's GRPOTrainer computes its training log-probs with a Triton kernel (``trl/kernels/chunked_logprob.py``,
 called from ``trl/trainer/utils.py``'s fused LM head without a fallback): where Triton is missing (the CPU wheel of
 torch) it fails at its first training forward (``AttributeError: 'NoneType' object has no attribute 'apply'``).
-There the benchmark records TRL as not run, with that reason, and times GRPO and TARPO alone.
+There the benchmark gives TRL :class:`TorchLogProbs`, the kernel's outputs computed in plain torch (the whole
+logits of the completion tokens at once), and says so in its output (``trl_logprobs``): TRL's step is then TRL's
+own everywhere but in that one function.
 
     python benchmarks/bench_trl_step.py --steps 3 --json out.json     # about 15 minutes on a 2-core CPU
 """
@@ -40,6 +42,23 @@ from tarpo.tasks.registry import load_task  # noqa: E402
 
 NAMES = ("trl", "grpo", "tarpo")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class TorchLogProbs:
+    """``trl.kernels.ChunkedLogProbFunction`` in plain torch, for machines without Triton: the same arguments and
+    the same five outputs (the targets' log-probs; the entropy when asked; the three other optional outputs, which
+    TRL's GRPO does not ask for, None), from the logits ``hidden @ weight.T (+ bias)``, times ``logit_scale``,
+    soft-capped, over ``temperature``, as the kernel's ``_transform``. Autograd gives the backward."""
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None, logit_scale=1.0,
+              outputs=("entropy",)):
+        z = torch.nn.functional.linear(hidden, weight, bias).float() * logit_scale
+        if final_logit_softcapping is not None:
+            z = final_logit_softcapping * torch.tanh(z / final_logit_softcapping)
+        logp = (z / temperature).log_softmax(-1)
+        entropy = -(logp.exp() * logp).sum(-1) if "entropy" in outputs else None
+        return logp.gather(-1, targets[:, None]).squeeze(-1), entropy, None, None, None
 
 
 class StepTimer(TrainerCallback):
@@ -72,8 +91,8 @@ def build(name: str, args, folder: str, out: str, timer: StepTimer):
     from tarpo.training.trainer import TarpoTrainer
 
     tokenizer = load_tokenizer(folder)
-    data = load_task("arith_shots", split="train", limit=16 * args.steps).select_columns(["prompt", "gold", "task"])
-    reward = reward_function("arith_shots")
+    data = load_task("arith_one", split="train", limit=16 * args.steps).select_columns(["prompt", "gold", "task"])
+    reward = reward_function("arith_one")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if name == "trl":
         lora = LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, task_type="CAUSAL_LM")
@@ -101,9 +120,11 @@ def main(argv=None) -> int:
         return 2
     from trl.trainer import utils as trl_utils
 
-    names = NAMES if trl_utils._ChunkedLogProbFunction is not None else NAMES[1:]
-    skipped = {} if names == NAMES else {"trl": "not run: TRL's GRPOTrainer needs Triton for its log-prob kernel "
-                                                "(trl/kernels/chunked_logprob.py), which this machine lacks"}
+    names, notes = NAMES, {"trl_logprobs": "TRL's Triton kernel"}
+    if trl_utils._ChunkedLogProbFunction is None:  # no Triton: TRL's kernel is missing (module docstring)
+        trl_utils._ChunkedLogProbFunction = TorchLogProbs
+        notes["trl_logprobs"] = ("TorchLogProbs (this benchmark): TRL's kernel needs Triton, which this machine "
+                                   "lacks")
     times = {name: [] for name in names}
     rollouts = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,7 +137,7 @@ def main(argv=None) -> int:
                 rollouts[name] += [h.get("timing/rollout_s") for h in trainer.state.log_history if "loss" in h][1:]
                 del trainer
     later = {n: [t for run in runs for t in run[1:]] for n, runs in times.items()}
-    result = {"settings": vars(args), "torch": torch.__version__, "threads": torch.get_num_threads(), **skipped,
+    result = {"settings": vars(args), "torch": torch.__version__, "threads": torch.get_num_threads(), **notes,
               "steps_s": times, "first_step_s": {n: [run[0] for run in runs] for n, runs in times.items()},
               "median_after_first_s": {n: statistics.median(t) for n, t in later.items() if t},
               "rollout_median_s": {n: statistics.median(r) for n, r in rollouts.items() if r and None not in r}}

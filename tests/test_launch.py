@@ -480,3 +480,18 @@ def test_gsm8k_launcher_end_to_end_with_a_tiny_model_then_plot_and_case(tmp_path
 def test_missing_evaluation_data_is_reported_before_training():
     code, _, err = launch_in_process("run_dapo.sh", DRY_RUN="1", EVAL="1", EVAL_DATA_DIR=DATA)  # no GPQA there
     assert code == 2 and "no folder for gpqa_diamond" in err
+
+
+def test_the_learning_check_reports_a_crash_as_a_crash_and_a_stop_as_a_stop(tmp_path, monkeypatch):
+    """Side by side under a deadline (as the GPU calls run it): the run that crashed keeps its exit status, the one
+    the deadline stopped is None; both logs are closed (before: every status None once any stop happened)."""
+    from tarpo.runs import learning_check
+
+    fake = tmp_path / "fake-python"  # stands in for the launcher: crashes or runs past the deadline
+    fake.write_text('#!/bin/sh\necho "run $RUN_NAME"\n[ "$RUN_NAME" = crash ] && exit 3\nexec sleep 60\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(learning_check.sys, "executable", str(fake))
+    envs = {"crash": {"RUN_NAME": "crash"}, "slow": {"RUN_NAME": "slow"}}
+    status = learning_check.run_side_by_side(envs, str(tmp_path), deadline=__import__("time").time() + 3)
+    assert status == {"crash": 3, "slow": None}
+    assert (tmp_path / "crash.log").read_text() == "run crash\n"

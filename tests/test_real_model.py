@@ -73,18 +73,23 @@ def test_a_tarpo_step_replays_the_real_vocabularys_soft_mixtures_and_trains(toke
     assert any("tarpo_router" in n for n in moved) and sum("lora_" in n for n in moved) == 2 * 4 * 30
 
 
-def test_the_real_model_check_is_a_launcher_run_of_arith_shots_with_its_chosen_settings(tmp_path):
+def test_the_real_model_check_is_a_launcher_run_of_its_task_with_its_chosen_settings(tmp_path):
     """``learning_check --model smollm2-135m``'s runs are launcher runs: every variable it sets is one the launcher
-    takes, on the data-set preset whose prompts show the answer format as earlier chat turns."""
-    from tarpo.runs.learning_check import REAL_MODELS, real_model_variables
+    takes, on the data-set preset of one-step problems whose prompts show the answer format as earlier chat turns;
+    its evaluation's questions are the task's test split, none of them a training question."""
+    from tarpo.runs.learning_check import REAL_MODELS, REAL_TASK, real_model_variables
     from tarpo.runs.presets import resolve
     from tarpo.tasks.registry import messages
 
     for algo in ("grpo", "tarpo"):
-        cfg = resolve("arith_shots", real_model_variables("smollm2-135m", str(tmp_path), algo, None))
-        assert cfg.task == "arith_shots" and cfg.algo == algo and cfg.preset == "smollm2-135m"
+        cfg = resolve(REAL_TASK, real_model_variables("smollm2-135m", str(tmp_path), algo, None))
+        assert cfg.task == REAL_TASK == "arith_one" and cfg.algo == algo and cfg.preset == "smollm2-135m"
         assert cfg.trainer["per_device_train_batch_size"] == int(REAL_MODELS["smollm2-135m"]["BATCH"])
         assert cfg.trainer["learning_rate"] == float(REAL_MODELS["smollm2-135m"]["LR"])
         assert cfg.run_dir == str(tmp_path / algo)
-    turns = messages("arith_shots", "Compute 1 + 2.")
-    assert [m["content"] for m in turns[2::2]] == ["3+4=7 7-2=5 #### 5", "8-6=2 #### 2"]
+    turns = messages("arith_one", "Compute 1 + 2.")
+    assert [m["content"] for m in turns[2::2]] == ["3+4=7 #### 7", "8-6=2 #### 2"]
+    train, test = (load_task(REAL_TASK, split=s) for s in ("train", "test"))
+    assert len(test) >= 200 and not set(train["prompt"][i][-1]["content"] for i in range(len(train))) & set(
+        test["prompt"][i][-1]["content"] for i in range(len(test)))
+    assert test[0]["prompt"][:5] == turns[:5]  # the system prompt and the same worked examples before each question

@@ -207,3 +207,29 @@ def test_on_a_gpu_no_decode_step_between_end_checks_syncs(tokenizer, monkeypatch
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.completion_mask.any()
+
+
+def test_a_repeated_prompt_is_prefilled_once_and_its_rows_decode_as_a_full_forward(model, tokenizer):
+    """A GRPO group (and ``tarpo eval --n``) repeats each prompt: the prefill runs on the distinct
+    prompts alone, and every row's cached decode still equals one forward over its own inputs."""
+    torch.manual_seed(0)
+    backbone = Backbone(model)
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0])
+    enc = encode_prompts(tokenizer, [p for p in PROMPTS for _ in range(3)])
+    spec = RolloutSpec(max_new_tokens=24, temperature=0.8, soft_top_k=5, routing="learned", answer_tag="####",
+                       compact_finished_rows=False)
+    batches = []
+    orig = backbone.hidden
+    backbone.hidden = lambda x, *a, **k: batches.append(x.shape[:2]) or orig(x, *a, **k)
+    out = hybrid_generate(policy_of(backbone, tokenizer, router), enc.input_ids, enc.attention_mask, spec,
+                          noise_seed=5)
+    backbone.hidden = orig
+    assert batches[0] == (len(PROMPTS), enc.input_ids.shape[1])  # one prefill row per distinct prompt
+    assert batches[1][0] == 3 * len(PROMPTS)
+    assert out.is_soft.any() and not torch.equal(out.token_ids[0], out.token_ids[1])  # the copies part ways
+    with torch.no_grad():
+        scores = score_rollout(backbone, router, None, out,
+                               ScoreSettings(temperature=0.8, chunk_size=7, use_router=True, with_reference=False),
+                               TOP_K_MIXTURE)
+    m = out.completion_mask
+    torch.testing.assert_close(scores.logp_tok[m], out.logp[m], atol=1e-4, rtol=0)

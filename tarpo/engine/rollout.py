@@ -184,7 +184,7 @@ def _decode(ctx: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) 
     rows, state = torch.arange(B, device=device), new_state(B, device)
     mask = prompt_mask.long()
     pos = positions_from_mask(mask)
-    hidden = backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
+    hidden = _prefill(backbone, prompt_ids, mask, pos, cache)
     next_pos = pos[:, -1] + 1
     for t in range(T):
         out = hybrid_step(ctx, hidden, state, t, keys)
@@ -211,6 +211,22 @@ def _decode(ctx: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) 
     steps = steps_that_ran(rec["completion_mask"])  # rows that ended before the last check recorded nothing since
     rec = {name: value[:, :steps] for name, value in rec.items()}
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, ended_with_eos=ended_with_eos, **rec)
+
+
+def _prefill(backbone, prompt_ids, mask, pos, cache):
+    """The prompts' last hidden states [B, d], ``cache`` filled for every row. A prompt that occurs
+    several times in the batch (a GRPO group, ``tarpo eval``'s ``--n`` samples of one question) is
+    run through the model once and its cache rows copied: the same numbers as a forward of every row
+    up to the kernels' batch-size rounding, for a fraction of the prompt compute. Backbones with their
+    own decode path keep one forward of the whole batch."""
+    E = backbone.embed_weight
+    unique, inverse = torch.unique(torch.cat([prompt_ids, mask], 1), dim=0, return_inverse=True)
+    if unique.shape[0] == prompt_ids.shape[0] or not getattr(backbone, "transformers_decode", True):
+        return backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
+    ids, umask = unique[:, :prompt_ids.shape[1]], unique[:, prompt_ids.shape[1]:]
+    hidden = backbone.hidden(E[ids], umask, positions_from_mask(umask), cache, token_ids=ids)[:, -1]
+    cache.reorder_cache(inverse)
+    return hidden[inverse]
 
 
 def _end_check(alive, compact: bool, lockstep):

@@ -46,13 +46,15 @@ from .presets import variable_of
 
 ALGOS = ("grpo", "tarpo")
 # the real models' check (docs/real-model.md: the settings and why): the launcher variables beside
-# MODEL, on the data-set preset arith_shots
+# MODEL, on the data-set preset REAL_TASK
+REAL_TASK = "arith_one"
 REAL_MODELS = {
-    "smollm2-135m": dict(BATCH="16", GROUP_SIZE="4", MAX_COMPLETION_LENGTH="32", MAX_STEPS="30", LR="3e-4", BETA="0",
-                         ROUTER_LR="3e-3", LR_SCHEDULE="constant_with_warmup", LORA_R="16", LORA_ALPHA="32",
+    "smollm2-135m": dict(BATCH="24", GROUP_SIZE="4", MAX_COMPLETION_LENGTH="32", MAX_STEPS="30", LR="1e-3", BETA="0",
+                         ROUTER_LR="1e-3", LR_SCHEDULE="constant_with_warmup", LORA_R="16", LORA_ALPHA="32",
                          LORA_TARGETS="all-linear", GRAD_CHECKPOINTING="0"),
 }
-FORMAT = "the answer format shown by two worked examples as earlier chat turns (task arith_shots); the paper's reward"
+FORMAT = (f"the answer format shown by two worked examples as earlier chat turns (task {REAL_TASK}); the paper's "
+          "reward")
 FIRST, LAST = 0.1, 0.2  # the shares of the steps whose mean reward is ``first`` and ``last``
 
 
@@ -63,17 +65,17 @@ def launcher_variables(demo_args, warm: str, out: str, algo: str) -> dict[str, s
     >>> from tarpo.runs import demo
     >>> v = launcher_variables(demo.parse_args([]), "/w", "/o", "tarpo")
     >>> v["LR"], v["ROUTER_LR"], v["ACTION_BIAS"], v["LORA_R"], v["MAX_STEPS"], v["RUN_NAME"]
-    ('0.001', '0.005', '2.2,0.0', '16', '100', 'tarpo')
+    ('0.001', '0.005', '2.2,0', '16', '100', 'tarpo')
     """
     from . import demo
+    from .launcher_values import render
 
     fields = {"learning_rate": demo_args.lr, "router_lr": demo_args.router_lr,
               "lr_scheduler_type": demo_args.lr_schedule, "temperature": demo_args.temperature,
               "num_generations": demo_args.group_size, "per_device_train_batch_size": demo_args.batch,
               "max_completion_length": demo_args.max_new_tokens, "max_steps": demo_args.steps,
               "seed": demo_args.seed, **demo.RL_SETTINGS}
-    out_vars = {variable_of(name): ",".join(map(str, v)) if isinstance(v, list) else f"{v:g}"
-                if isinstance(v, float) else str(v) for name, v in fields.items()}
+    out_vars = {variable_of(name): render(variable_of(name), v) for name, v in fields.items()}
     return {**out_vars, "MODEL": warm, "ALGO": algo, "OUT_DIR": out, "RUN_NAME": algo, "EVAL": "0"}
 
 
@@ -86,30 +88,36 @@ def real_model_variables(model: str, out: str, algo: str, steps: int | None, see
 
 def evaluate_before_after(model: str, out: str, algos, questions: int, n: int) -> dict:
     """pass@1 and its 95% interval of the base model (CoT) and of each trained system (its own mode), each on the
-    same ``questions`` held-out arith_shots questions with ``n`` samples (``tarpo eval``)."""
+    same ``questions`` held-out :data:`REAL_TASK` questions with ``n`` samples (``tarpo eval``), the systems side
+    by side, each with its share of the cores."""
     from ..algorithms import ALGOS as ROUTINGS
     from .paths import model_source
     from .presets import MODELS
 
     source = model_source(model, MODELS.get(model))
     systems = {"base": ("cot", None), **{a: (ROUTINGS[a].eval_mode, os.path.join(out, a, "adapter")) for a in algos}}
-    results = {}
+    threads = str(max(1, (os.cpu_count() or 1) // len(systems)))
+    started, procs = time.time(), {}
     for name, (mode, adapter) in systems.items():
-        folder = os.path.join(out, f"eval-{name}")
-        command = [sys.executable, "-m", "tarpo.cli", "eval", "--model", source, "--tasks", "arith_shots",
+        command = [sys.executable, "-m", "tarpo.cli", "eval", "--model", source, "--tasks", REAL_TASK,
                    "--limit", str(questions), "--n", str(n), "--mode", mode, "--max-new-tokens",
-                   REAL_MODELS[model]["MAX_COMPLETION_LENGTH"], "--out", folder]
-        started = time.time()
-        done = subprocess.run(command + (["--adapter", adapter] if adapter else []), stdout=subprocess.DEVNULL)
-        if done.returncode != 0:
-            return {**results, name: {"mode": mode, "failed": f"tarpo eval exit {done.returncode}"}}
-        with open(os.path.join(folder, "arith_shots.results.json")) as f:
+                   REAL_MODELS[model]["MAX_COMPLETION_LENGTH"], "--out", os.path.join(out, f"eval-{name}")]
+        procs[name] = subprocess.Popen(command + (["--adapter", adapter] if adapter else []),
+                                       stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": threads})
+    results = {}
+    for name, proc in procs.items():
+        mode = systems[name][0]
+        if proc.wait() != 0:
+            results[name] = {"mode": mode, "failed": f"tarpo eval exit {proc.returncode}"}
+            continue
+        with open(os.path.join(out, f"eval-{name}", f"{REAL_TASK}.results.json")) as f:
             metrics = json.load(f)["metrics"]
         results[name] = {"mode": mode, "pass@1": metrics["pass@1"], "ci95": metrics["accuracy_ci95"],
                          "soft_ratio": metrics["soft_ratio"], "seconds": round(time.time() - started, 1)}
     base = results["base"]
     for name in algos:  # the base's interval: pass@1 ± ci95 over its questions
-        results[name]["above_base_interval"] = results[name]["pass@1"] > base["pass@1"] + base["ci95"]
+        if "pass@1" in results[name] and "pass@1" in base:
+            results[name]["above_base_interval"] = results[name]["pass@1"] > base["pass@1"] + base["ci95"]
     return results
 
 
@@ -185,33 +193,41 @@ def summarize(run_dir: str) -> dict:
 def run_side_by_side(envs: dict[str, dict], out: str, deadline: float | None, dataset: str = "arith"
                      ) -> dict[str, int | None]:
     """Start ``python -m tarpo.runs.launch <dataset>`` once per entry of ``envs`` (algo -> its variables), each with
-    its share of the cores, and wait for all; stop them at ``deadline`` (``time.time()``) or when this process is
-    sent SIGTERM/SIGINT. Returns each run's exit status (None: stopped)."""
+    its share of the cores, and wait for all; stop the runs still going at ``deadline`` (``time.time()``) or when
+    this process is sent SIGTERM/SIGINT. Returns each run's exit status: its own where it ended by itself (a crash
+    stays a crash), None where this function stopped it."""
     threads = str(max(1, (os.cpu_count() or 1) // len(envs)))
-    procs = {}
-    for algo, variables in envs.items():
-        log = open(os.path.join(out, f"{algo}.log"), "w")
-        procs[algo] = subprocess.Popen([sys.executable, "-m", "tarpo.runs.launch", dataset], stdout=log,
-                                       stderr=subprocess.STDOUT,
-                                       env={**os.environ, "OMP_NUM_THREADS": threads, **variables})
-    stopped = []
-
-    def stop(signum=None, _frame=None):
-        stopped.append(signum)
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    procs, logs, stopped = {}, [], set()
     try:
-        while any(p.poll() is None for p in procs.values()):
-            if deadline is not None and time.time() > deadline and not stopped:
-                print(f"learning check: --max-seconds reached, stopping {', '.join(procs)}", flush=True)
-                stop()
-            time.sleep(0.5)
+        for algo, variables in envs.items():
+            logs.append(log := open(os.path.join(out, f"{algo}.log"), "w"))
+            procs[algo] = subprocess.Popen([sys.executable, "-m", "tarpo.runs.launch", dataset], stdout=log,
+                                           stderr=subprocess.STDOUT,
+                                           env={**os.environ, "OMP_NUM_THREADS": threads, **variables})
+
+        def stop(signum=None, _frame=None):
+            for algo, p in procs.items():
+                if p.poll() is None:
+                    stopped.add(algo)
+                    p.terminate()
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while any(p.poll() is None for p in procs.values()):
+                if deadline is not None and time.time() > deadline and not stopped:
+                    print(f"learning check: --max-seconds reached, stopping {', '.join(procs)}", flush=True)
+                    stop()
+                time.sleep(0.5)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return {algo: None if stopped else p.returncode for algo, p in procs.items()}
+        for p in procs.values():  # an error here leaves no run behind
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    return {algo: None if algo in stopped else p.returncode for algo, p in procs.items()}
 
 
 def run_in_process(envs: dict[str, dict], dataset: str = "arith") -> dict[str, int]:
@@ -250,7 +266,10 @@ def report(results: dict[str, dict], evaluation: dict | None = None) -> str:
         tenths = [sum(curve[i:i + size]) / len(curve[i:i + size]) for i in range(0, len(curve), size)]
         lines.append(f"{algo} reward, mean of each {size} steps: " + " ".join(f"{v:.3f}" for v in tenths))
     for name, e in (evaluation or {}).items():
-        above = "" if name == "base" else f", above the base's interval: {e['above_base_interval']}"
+        if "failed" in e:
+            lines.append(f"evaluation {name} ({e['mode']}): {e['failed']}")
+            continue
+        above = "" if name == "base" else f", above the base's interval: {e.get('above_base_interval')}"
         lines.append(f"evaluation {name} ({e['mode']}): pass@1 {e['pass@1']:.3f} ± {e['ci95']:.3f}{above}")
     return "\n".join(lines)
 
@@ -296,7 +315,7 @@ def main(argv=None) -> int:
         return 2
     started = time.time()
     if args.model:
-        dataset, source = "arith_shots", args.model
+        dataset, source = REAL_TASK, args.model
         envs = {a: real_model_variables(args.model, out, a, args.steps, args.seed) for a in algos}
     else:
         if warm is None:

@@ -41,6 +41,8 @@ DATASETS = {
     # not the paper's: the real-model learning check's (docs/real-model.md): the same arithmetic, its format shown
     "arith_shots": dict(task="arith_shots", num_generations=4, per_device_train_batch_size=16,
                         max_prompt_length=256, max_completion_length=32, eval_tasks=["arith_shots"]),
+    "arith_one": dict(task="arith_one", num_generations=4, per_device_train_batch_size=16,
+                      max_prompt_length=256, max_completion_length=32, eval_tasks=["arith_one"]),
 }
 
 # ---- docs/algorithm.md §5, per model: router bias b0 and learning rates; ``config``: the architecture as the

@@ -15,6 +15,7 @@ as ``arith`` and graded like GSM8K (exact number after the tag).
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 
@@ -49,6 +50,35 @@ def make_split(split: str, n: int | None = None, levels=LEVELS) -> list[dict]:
         if p["question"] not in exclude:
             out.append({**p, "id": f"arith-{split}-{len(out)}"})
     return out
+
+
+ONE_STEP_OPERANDS = range(1, 16)
+
+
+def one_step_split(split: str) -> list[dict]:
+    """The one-operation problems ``a + b`` and ``a - b`` with ``a, b`` in 1..15 (450 in all), each dealt to
+    ``train`` or ``test`` by a hash of its question, so the two splits never share a question and are the same
+    on every machine (222 train, 228 test); in a seeded order, ids ``arith1-{split}-{i}``. The real-model
+    learning check's task (``arith_one``, docs/real-model.md).
+
+    >>> [len(one_step_split(s)) for s in ("train", "test")]
+    [222, 228]
+    >>> one_step_split("test")[0]["question"] in {p["question"] for p in one_step_split("train")}
+    False
+    """
+    if split not in SEEDS:
+        raise ValueError(f"arith has splits {list(SEEDS)}, not {split!r}")
+    out = []
+    for a in ONE_STEP_OPERANDS:
+        for op in "+-":
+            for b in ONE_STEP_OPERANDS:
+                question = f"Compute {a} {op} {b}."
+                if ("test" if hashlib.sha256(question.encode()).digest()[0] % 2 else "train") == split:
+                    total = a + b if op == "+" else a - b
+                    out.append({"question": question, "solution": f"{a}{op}{b}={total}", "answer": str(total),
+                                "level": 1})
+    random.Random(SEEDS[split]).shuffle(out)
+    return [{**p, "id": f"arith1-{split}-{i}"} for i, p in enumerate(out)]
 
 
 def completion_text(record: dict, tag: str = "####") -> str:
