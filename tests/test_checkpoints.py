@@ -302,8 +302,8 @@ def test_trainer_resumes_from_the_newest_complete_checkpoint_and_trains_nothing_
 
 
 def test_a_run_sent_sigterm_saves_the_step_in_flight_and_its_rerun_ends_like_an_uninterrupted_one(runs):
-    """SIGTERM after the third optimizer step of a 6-step run saving every 100 steps (and a second SIGTERM while
-    the checkpoint is written): step 4 finishes, checkpoint-4 is written whole, the run says so in one line and
+    """SIGTERM after the third optimizer step of a 6-step run saving every 100 steps (twice, as a process group's
+    and a launcher's copies arrive): step 4 finishes, checkpoint-4 is written whole, the run says so in one line and
     exits 75; the same command resumes from it and ends with the adapter and routers of the uninterrupted run, bit
     for bit. Before tarpo.training.preemption the run died at the signal with nothing saved: 3 steps lost."""
     by_run, out = runs

@@ -56,7 +56,12 @@ class NonFiniteGuard:
     """The trainer's non-finite check, one per run. ``limit``: consecutive bad steps that stop the run."""
 
     def __init__(self, limit: int):
-        self.limit, self.in_a_row, self.count, self._bad_loss = limit, 0, None, None
+        self.limit = limit
+        self.reset()
+
+    def reset(self) -> None:
+        """The state of a new ``train()`` call: the run's count is read again from its log at the first step."""
+        self.in_a_row, self.count, self._bad_loss = 0, None, None
         self.skipped_since_log = False  # a step of the logging window was skipped: its loss is logged NaN
 
     def observe_loss(self, loss: torch.Tensor) -> None:

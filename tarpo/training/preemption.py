@@ -3,10 +3,11 @@
 A scheduler that preempts a job (Slurm's ``scancel`` or the end of its time, Kubernetes' eviction) sends SIGTERM, and
 some send an early warning first (Slurm's ``--signal=USR1@120``). :class:`SaveOnSignal` turns each signal of
 ``TarpoConfig.save_on_signals`` into "finish the optimizer step in flight, write a checkpoint, stop": the handler
-only records the signal (so a second one, even during the save, changes nothing, and the save is atomic anyway:
-tarpo.training.checkpoints), and at the end of the step every process stops at the same step (the processes
+only records the signal (the save is atomic anyway: tarpo.training.checkpoints), and at the end of the step every process stops at the same step (the processes
 agree over one all-reduce of a flag a step, when there are several), the Trainer saves ``checkpoint-N`` and
-training returns. The launcher then says so in one line and exits with :data:`EXIT_PREEMPTED` (75, sysexits'
+training returns; a second signal meanwhile is handed to the handler that was there before (by default it ends
+the process), so a hung step or save can be stopped without SIGKILL. A signal within :data:`DUPLICATE_S` of the first
+is taken for a copy of it (a scheduler signals the whole process group, and a launcher may forward it too). The launcher then says so in one line and exits with :data:`EXIT_PREEMPTED` (75, sysexits'
 EX_TEMPFAIL: try again), a status a requeue can be keyed on; running the same command again resumes from the
 checkpoint and trains what an uninterrupted run trains.
 """
@@ -18,6 +19,7 @@ import logging
 import os
 import signal
 import threading
+import time
 
 import torch
 from transformers import TrainerCallback
@@ -27,6 +29,7 @@ from ..config import signal_numbers
 
 logger = logging.getLogger(__name__)
 EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, the command may be run again
+DUPLICATE_S = 2.0  # a signal within this many seconds of the first is a copy of it, not a second request
 MARKER = "preempted.json"  # in the run folder while its last launch was stopped by a signal (tarpo.runs.launch)
 
 
@@ -50,14 +53,32 @@ class SaveOnSignal(TrainerCallback):
         self.signals, self.received, self.stopped_at, self._previous = signal_numbers(signals), None, None, {}
 
     def _handle(self, signum, _frame):
-        if self.received is None:  # the first one counts; later ones (a second SIGTERM during the save) do nothing
-            self.received = signal.Signals(signum).name
+        now = time.monotonic()
+        if self.received is None:  # the first one: finish the step, save, stop
+            self.received, self._received_at = signal.Signals(signum).name, now
+            return
+        if now - self._received_at < DUPLICATE_S:  # the first one again: a process group's and a launcher's copies
+            return
+        # a second one (a step or a save that hangs): the usual "second signal forces" rule, the handler that was
+        # there before takes it (the default one ends the process)
+        logger.warning(f"{signal.Signals(signum).name} again: not waiting for the checkpoint")
+        self.restore()
+        signal.raise_signal(signum)
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.received, self.stopped_at = None, None  # each train() call starts afresh (a retry in one process)
         if threading.current_thread() is not threading.main_thread():
             logger.warning("training outside the main thread: a signal cannot stop it with a checkpoint")
             return
         self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
+
+    def restore(self) -> None:
+        """Put back the handlers there were before training (idempotent; TarpoTrainer.train calls it on every way
+        out, an exception included). A handler that Python did not install (``signal.signal`` gave None) is put
+        back as the default one."""
+        previous, self._previous = self._previous, {}
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
     def on_step_end(self, args, state, control, **kwargs):
         if any_process(self.received is not None):
@@ -69,9 +90,7 @@ class SaveOnSignal(TrainerCallback):
                                f"{state.global_step} and stopping")
 
     def on_train_end(self, args, state, control, **kwargs):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous = {}
+        self.restore()
 
 
 def record_stop(run_dir: str, signal_name: str, step: int) -> None:

@@ -124,7 +124,12 @@ class TarpoTrainer(GRPOTrainer):
         resume_from_checkpoint = self._resume_point(resume_from_checkpoint)
         if resume_from_checkpoint is not None and self._at_the_end(resume_from_checkpoint):
             return self._end_at(resume_from_checkpoint)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        self.nonfinite.reset()  # each call counts afresh (a retry in one process); a resume reads its log
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:  # on every way out, an exception included (the Trainer calls on_train_end only at the end)
+            if self.stop_signal is not None:
+                self.stop_signal.restore()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's contract, stated here so that no rewrite of the base class can bypass ``_compute_loss``."""

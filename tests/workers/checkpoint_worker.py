@@ -4,8 +4,8 @@ SIGKILLed (or hit a full disk) at a chosen point of the save sequence (tests/tes
     python tests/workers/checkpoint_worker.py plan.json result.json
 
 ``plan.json``: ``{"env": {launcher variables}, "steps": [{"run": RUN_NAME, "kill": POINT or null,
-"enospc": POINT or null, "signal": STEP or null, "env": {variables of this run}}, ...]}`` (``signal``: SIGTERM when
-that optimizer step begins and again when its checkpoint is saved, :func:`signal_at`). The steps run one after
+"enospc": POINT or null, "signal": STEP or null, "env": {variables of this run}}, ...]}`` (``signal``: SIGTERM twice when
+that optimizer step begins, :func:`signal_at`). The steps run one after
 the other, each in a child forked from this process (which imports torch, transformers, TRL and tarpo once and
 never computes, so the children start in a second instead of a process start each). A child SIGKILLs itself
 (``os.kill(os.getpid(), SIGKILL)``: no ``finally``, no ``atexit``, nothing flushed) when the save
@@ -61,22 +61,19 @@ def _die():
 
 
 def signal_at(step: int) -> None:
-    """Send this process SIGTERM when optimizer step ``step`` begins (after step ``step - 1``), as a scheduler's
-    preemption does, and again at the start of the checkpoint save it leads to (a second signal during the save)."""
+    """Send this process SIGTERM twice when optimizer step ``step`` begins (after step ``step - 1``), as a
+    scheduler's preemption does when it signals the whole process group and a launcher forwards the signal too:
+    the second is a copy of the first (tarpo.training.preemption.DUPLICATE_S), not a request to stop at once."""
     from transformers.trainer_callback import CallbackHandler
 
-    from tarpo.training.trainer import TarpoTrainer
-    begin, save = CallbackHandler.on_step_begin, TarpoTrainer._save_checkpoint
+    begin = CallbackHandler.on_step_begin
 
     def on_step_begin(self, args, state, control):
         if state.global_step == step - 1:
             os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
         return begin(self, args, state, control)
-
-    def signalled_save(self, model, trial):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return save(self, model, trial)
-    CallbackHandler.on_step_begin, TarpoTrainer._save_checkpoint = on_step_begin, signalled_save
+    CallbackHandler.on_step_begin = on_step_begin
 
 
 def install(kill: str | None, enospc: str | None) -> None:

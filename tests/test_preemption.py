@@ -1,0 +1,91 @@
+"""A stop signal at any moment (tarpo.training.preemption): the handlers are put back on every way out of
+``train()``, an exception included; each ``train()`` call starts afresh; a second signal goes to the handler that was
+there before (the default one ends the process); a handler Python did not install is put back as the default."""
+
+import os
+import signal
+
+import pytest
+from transformers import TrainerCallback
+
+from helpers import letter_reward, make_args, make_dataset
+from tarpo.models.tiny import tiny_causal_lm
+from tarpo.training import trainer as trainer_module
+from tarpo.training.preemption import SaveOnSignal
+from tarpo.training.trainer import TarpoTrainer
+
+
+def trainer_of(tokenizer, tmp_path, **overrides):
+    args = make_args(tmp_path, **{"max_steps": 3, "save_on_signals": ["SIGUSR1"],
+                                  **overrides})
+    return TarpoTrainer(model=tiny_causal_lm(tokenizer, "qwen2", seed=0), reward_funcs=letter_reward, args=args,
+                        train_dataset=make_dataset(), processing_class=tokenizer)
+
+
+def test_the_handlers_are_put_back_when_training_raises(tokenizer, tmp_path, monkeypatch):
+    before = signal.getsignal(signal.SIGUSR1)
+    trainer = trainer_of(tokenizer, tmp_path)
+
+    def broken(*args, **kwargs):
+        assert signal.getsignal(signal.SIGUSR1) != before  # installed while training
+        raise RuntimeError("a broken forward")
+    monkeypatch.setattr(trainer_module, "score_rollout", broken)
+    with pytest.raises(RuntimeError, match="a broken forward"):
+        trainer.train()
+    assert signal.getsignal(signal.SIGUSR1) == before  # before: the trainer's handler stayed
+
+
+class SignalAtStep(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_a_second_train_call_after_a_signal_trains_to_its_end(tokenizer, tmp_path):
+    """A retry in the same process (resume after the stop) trains its steps (before: the first signal was still
+    held, and the retry stopped after its first step)."""
+    trainer = trainer_of(tokenizer, tmp_path)
+    trainer.add_callback(SignalAtStep(1))
+    trainer.train()
+    assert trainer.stop_signal.stopped_at == 1 and trainer.state.global_step == 1
+    trainer.pop_callback(SignalAtStep)
+    trainer.train(resume_from_checkpoint=True)
+    assert trainer.stop_signal.stopped_at is None and trainer.state.global_step == 3
+
+
+def test_a_second_signal_goes_to_the_handler_there_before(monkeypatch):
+    """The first signal is recorded; a copy of it (within DUPLICATE_S) is ignored; a second one later is handed to
+    the handler that was there before (by default it ends the process)."""
+    from tarpo.training import preemption
+
+    seen, clock = [], [100.0]
+    monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        stop = SaveOnSignal(["SIGUSR1"])
+        stop.on_train_begin(None, None, None)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == "SIGUSR1" and seen == []  # the first: finish the step, save, stop
+        clock[0] += preemption.DUPLICATE_S / 2
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert seen == []  # a copy of the first (a process group's and a launcher's)
+        clock[0] += preemption.DUPLICATE_S
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert seen == [signal.SIGUSR1]  # the second: not waiting for the checkpoint
+        assert signal.getsignal(signal.SIGUSR1) is not stop._handle
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_handler_python_did_not_install_is_put_back_as_the_default():
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        stop = SaveOnSignal(["SIGUSR2"])
+        stop._previous = {signal.SIGUSR2: None}  # what signal.signal returns for a handler set outside Python
+        stop.restore()  # before: TypeError
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
