@@ -1,10 +1,10 @@
 """The whole training step on a real model: TRL's ``GRPOTrainer`` beside ``TarpoTrainer`` as GRPO and as TARPO.
 
 All three train SmolLM2-135M-Instruct (``python -m tarpo.models.offline smollm2-135m`` first) with the same
-settings: the learning check's ``arith_one`` questions (docs/real-model.md), the paper's reward, LoRA r 16 on every linear layer,
-``--batch`` completions a step in groups of ``--group``, ``--length`` new tokens at most, the same sampling
-temperature, fp32 on the CPU. TRL samples with transformers' ``generate``; TarpoTrainer with its own engine (the
-eager one on a CPU, or ``--engine``). Two passes, the trainers in the order TRL, GRPO, TARPO, then the reverse (so
+settings, by default the learning check's (``tarpo.runs.learning_check.REAL_MODELS``, docs/real-model.md): its
+task's questions, the paper's reward, LoRA r 16 on every linear layer, ``--batch`` completions a step in groups of
+``--group``, ``--length`` new tokens at most, the same sampling temperature, fp32 on the CPU. TRL samples with
+transformers' ``generate``; TarpoTrainer with its own engine (the eager one on a CPU, or ``--engine``). Two passes, the trainers in the order TRL, GRPO, TARPO, then the reverse (so
 that a drift of the machine over time weighs on each alike); in each pass each trainer is built anew and trains
 ``--steps`` steps. A step is timed from the trainer's step start to its end (callbacks); TarpoTrainer's rollout
 time is its own log (``timing/rollout_s``; TRL logs none on this path). Each pass's first step (first calls,
@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tarpo.models.loading import load_tokenizer  # noqa: E402
 from tarpo.models.offline import local_copy  # noqa: E402
+from tarpo.runs.learning_check import REAL_MODELS, REAL_TASK  # noqa: E402
 from tarpo.tasks.graders import reward_function  # noqa: E402
 from tarpo.tasks.registry import load_task  # noqa: E402
 
@@ -91,8 +92,9 @@ def build(name: str, args, folder: str, out: str, timer: StepTimer):
     from tarpo.training.trainer import TarpoTrainer
 
     tokenizer = load_tokenizer(folder)
-    data = load_task("arith_one", split="train", limit=16 * args.steps).select_columns(["prompt", "gold", "task"])
-    reward = reward_function("arith_one")
+    questions = args.batch // args.group * args.steps
+    data = load_task(REAL_TASK, split="train", limit=questions).select_columns(["prompt", "gold", "task"])
+    reward = reward_function(REAL_TASK)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if name == "trl":
         lora = LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, task_type="CAUSAL_LM")
@@ -105,12 +107,13 @@ def build(name: str, args, folder: str, out: str, timer: StepTimer):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    check = REAL_MODELS["smollm2-135m"]  # the learning check's settings by default
     ap.add_argument("--steps", type=int, default=3, help="steps of each trainer in each of the two passes")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--group", type=int, default=4)
-    ap.add_argument("--length", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--temperature", type=float, default=0.5)
+    ap.add_argument("--batch", type=int, default=int(check["BATCH"]))
+    ap.add_argument("--group", type=int, default=int(check["GROUP_SIZE"]))
+    ap.add_argument("--length", type=int, default=int(check["MAX_COMPLETION_LENGTH"]))
+    ap.add_argument("--lr", type=float, default=float(check["LR"]))
+    ap.add_argument("--temperature", type=float, default=float(check["TEMPERATURE"]))
     ap.add_argument("--engine", default="eager", choices=["eager", "compiled", "auto"])
     ap.add_argument("--json")
     args = ap.parse_args(argv)

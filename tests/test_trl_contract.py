@@ -138,6 +138,23 @@ def test_the_entropy_bonus_trains_and_is_logged_as_trls(model_dir, tmp_path):
     assert moved > 1e-4, moved
 
 
+def test_what_a_reward_function_logs_through_trl_reaches_the_log(model_dir, tmp_path):
+    """TRL's ``log_metric`` and ``log_extra`` (kwargs of every reward function): the metric is logged at its step,
+    the column joins the completion table, and nothing stays pending (before: lost, the lists growing all run)."""
+    def logging_reward(prompts, completions, log_metric=None, log_extra=None, **kwargs):
+        rewards = codes(prompts, completions)
+        log_metric("my/mean", sum(rewards) / len(rewards))
+        log_extra("my_column", [f"r={r:.2f}" for r in rewards])
+        return rewards
+    args = config(tmp_path, log_completions=True)
+    trainer = TarpoTrainer(model_dir, logging_reward, args=args, train_dataset=standard())
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(0 <= h["my/mean"] <= 1 for h in logs)
+    assert len(trainer._logs["extra"]["my_column"]) == args.generation_batch_size  # the last generation batch's
+    assert not trainer._pending_metrics and not trainer._pending_extra_logs
+
+
 def test_a_streaming_data_set_trains_for_max_steps(model_dir, tmp_path):
     """A datasets.IterableDataset with max_steps, as TRL takes it (before: len() of the training set, TypeError)."""
     stream = datasets.IterableDataset.from_generator(lambda: ({"prompt": f"question {i} is"} for i in range(64)))

@@ -67,6 +67,25 @@ def log_completions(trainer, prompts, completions, rewards_per_func, advantages)
     logs["advantages"].extend(advantages.tolist())
 
 
+def flush_reward_logs(trainer, mode: str, rows: int) -> None:
+    """What the reward functions logged during this rollout through TRL's ``log_extra`` and ``log_metric`` (TRL's
+    own flush of its ``_generate_and_score_completions``, which this trainer replaces): each extra column into the
+    completion log (``log_completions``), each metric's mean over the processes into the step's metrics; the
+    pending lists emptied, so they do not grow all run. ``rows``: this process's completions."""
+    extra, pending = trainer._pending_extra_logs, trainer._pending_metrics
+    for column in sorted(set(gather_object(list(extra)))):  # sorted: every rank gathers in the same order
+        values = gather_object(extra.get(column, [None] * rows))
+        if trainer.args.log_completions:
+            trainer._logs["extra"][column].extend(values)
+    extra.clear()
+    for name in sorted(set(gather_object(list(pending)))):
+        values = pending.get(name, [])
+        stats = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=trainer.accelerator.device)
+        total, count = trainer.accelerator.gather(stats).view(-1, 2).sum(dim=0).tolist()
+        trainer._metrics[mode][name].append(total / count)
+    pending.clear()
+
+
 DRIFT_OVER = 0.1  # |delta log p| counted by ``logp_drift_frac_over_0.1``
 
 

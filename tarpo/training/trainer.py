@@ -208,6 +208,7 @@ class TarpoTrainer(GRPOTrainer):
 
         metrics.log_rollout(self, mode, rollout, rewards, rewards_per_func, n_trunc)
         metrics.log_completions(self, prompts, completions, rewards_per_func, advantages)
+        metrics.flush_reward_logs(self, mode, len(prompts))  # TRL's log_extra / log_metric
         out = {key: getattr(rollout, key) for key in ROLLOUT_FIELDS}
         out["advantages"] = advantages[local]
         # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step;
