@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import torch
 
 from tarpo.evaluation.sample import summarize
 from tarpo.tasks.graders import canonical_answers
@@ -64,3 +65,27 @@ def test_summarize_on_hand_records():
     assert m["accuracy_sd"] == pytest.approx(math.sqrt(2 * 0.25 ** 2))
     assert m["soft_ratio"] == pytest.approx(0.2) and m["units"] == 10 and m["hard_tokens"] == 8
     assert m["questions"] == 2 and m["samples"] == 8
+
+
+def test_the_clip_ratios_are_trls_including_the_rows_extremes_and_cispos():
+    """``clip_ratio/*`` as TRL 1.15 logs them for a reused batch: the share of steps the clip holds (low: r < 1 - eps
+    with A < 0; high: r > 1 + eps_high with A > 0), the smallest and the largest of the rows' shares (``low_min``,
+    ``high_max``, before: not logged), and CISPO's ``cispo_clip_ratio`` (r > eps_high with A > 0, before: not
+    logged). Rows: A = -1 with r = 0.5, 1.0 (one step of two low-clipped); A = +1 with r = 1.5, 0.7, 1.0 (one of
+    three high-clipped)."""
+    from types import SimpleNamespace
+
+    from tarpo.training.metrics import loss_type_metrics
+    from tarpo.training.objective import LossSettings
+
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    ratio = torch.tensor([[0.5, 1.0, 9.0], [1.5, 0.7, 1.0]])
+    rollout = SimpleNamespace(completion_mask=mask, logp=torch.zeros(2, 3))
+    adv = torch.tensor([-1.0, 1.0])
+    common = dict(lambda_act=0.5, beta=0.0, alpha=1.0, use_router=False, off_policy=True, clip_eps=0.2)
+    m = loss_type_metrics(LossSettings(**common, clip_eps_high=0.28), ratio.log(), rollout, adv)
+    assert {k: round(v.item(), 4) for k, v in m.items()} == {
+        "clip_ratio/low_mean": 0.2, "clip_ratio/high_mean": 0.2, "clip_ratio/region_mean": 0.4,
+        "clip_ratio/low_min": 0.0, "clip_ratio/high_max": 0.3333}
+    m = loss_type_metrics(LossSettings(**common, clip_eps_high=1.2, loss_type="cispo"), ratio.log(), rollout, adv)
+    assert {k: round(v.item(), 4) for k, v in m.items()} == {"cispo_clip_ratio": 0.2}

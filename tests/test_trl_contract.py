@@ -155,6 +155,46 @@ def test_what_a_reward_function_logs_through_trl_reaches_the_log(model_dir, tmp_
     assert not trainer._pending_metrics and not trainer._pending_extra_logs
 
 
+def test_full_fine_tuning_decays_and_keeps_state_as_transformers_does(model_dir, tmp_path):
+    """``use_peft=False``: weight decay on the weights transformers decays (``get_decay_parameter_names``), none on
+    norm weights and biases (before: 0.1 on every parameter); under 8-bit AdamW the embedding's optimizer state is
+    32-bit, as transformers gives it (before: quantised)."""
+    args = config(tmp_path, use_peft=False, weight_decay=0.1, optim="adamw_bnb_8bit")
+    trainer = TarpoTrainer(model_dir, codes, args=args, train_dataset=standard())
+    optimizer = trainer.create_optimizer()
+    decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0.1 for p in g["params"]}
+    trained = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
+    expected = set(trainer.get_decay_parameter_names(trainer.model)) & set(trained)
+    assert {n for n, p in trained.items() if id(p) in decayed} == expected
+    assert any("norm" in n for n in set(trained) - expected)  # left undecayed
+    embedding = trainer.model.get_input_embeddings().weight
+    assert optimizer.mng.pid2config[id(embedding)] == {"optim_bits": 32}
+
+
+def test_sync_ref_model_moves_the_routers_reference_too(model_dir, tmp_path):
+    """TRL's ``sync_ref_model`` under TARPO's learned routing, full fine-tuning: the token reference and the router's
+    reference both move to alpha * policy + (1 - alpha) * reference at each sync (before: TRL's callback, pairing
+    parameters one by one, failed on the router, and the router's reference never moved)."""
+    args = TarpoConfig(output_dir=str(tmp_path / "run"), routing="learned", **{
+        **trl_defaults(), **SIZES, "use_peft": False, "beta": 0.04, "sync_ref_model": True, "ref_model_sync_steps": 1,
+        "ref_model_mixup_alpha": 0.5, "max_steps": 1})
+    trainer = TarpoTrainer(model_dir, codes, args=args, train_dataset=standard())
+    ref_router = {n: p.detach().clone() for n, p in trainer.ref_router.named_parameters()}
+    ref_embed = trainer.ref_model.get_input_embeddings().weight.detach().clone()
+    trainer.train()
+    for n, p in trainer.router.named_parameters():  # exact: (ref + router) / 2, the same ops
+        torch.testing.assert_close(dict(trainer.ref_router.named_parameters())[n], (ref_router[n] + p) / 2)
+    embed = trainer.model.get_input_embeddings().weight
+    torch.testing.assert_close(trainer.ref_model.get_input_embeddings().weight, (ref_embed + embed) / 2)
+
+
+def test_no_train_dataset_is_refused_in_trls_words(model_dir, tmp_path):
+    """TRL 1.15 refuses ``train_dataset=None`` too ("`train_dataset` is required unless an `environment_factory` is
+    provided."): the same words, and why the exception does not apply."""
+    with pytest.raises(ValueError, match=r"^`train_dataset` is required \(TarpoTrainer serves no `environment_factory`"):
+        TarpoTrainer(model_dir, codes, args=config(tmp_path), train_dataset=None)
+
+
 def test_a_streaming_data_set_trains_for_max_steps(model_dir, tmp_path):
     """A datasets.IterableDataset with max_steps, as TRL takes it (before: len() of the training set, TypeError)."""
     stream = datasets.IterableDataset.from_generator(lambda: ({"prompt": f"question {i} is"} for i in range(64)))

@@ -41,9 +41,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, 
         std = torch.where(some, nanstd(grouped, dim=1, keepdim=True), grouped.std(dim=1, keepdim=True))
     else:
         std = torch.zeros_like(centred)
-    advantages = centred / (std + eps)  # in a group with an unscored row, NaN (that row's, or a std of one value) -> 0
-    return torch.where((some | unscored.any()) & torch.isnan(advantages) if scale == "batch" else
-                       some & torch.isnan(advantages), 0.0, advantages).view(-1)
+    advantages = centred / (std + eps)
+    touched = unscored.any() if scale == "batch" else some  # where an unscored row is: its NaN, or a std of one value
+    return torch.where(touched & torch.isnan(advantages), 0.0, advantages).view(-1)
 
 
 def reward_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, group_size: int, eps: float,
@@ -52,9 +52,9 @@ def reward_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, gro
     TRL's None) weighted by ``weights`` [K], as TRL's ``multi_objective_aggregation`` combines them. ``rewards``:
     the weighted sum of the functions that scored the row (their NaN as 0), what is logged; NaN for a row that no
     function scored, which, as in TRL, stays out of its group's mean and standard deviation and gets advantage 0
-    (TRL's ``_calculate_rewards`` warns of it). ``"sum_then_normalize"`` (the paper): :func:`group_advantages` of that sum;
-    ``"normalize_then_sum"`` (GDPO): each function's rewards normalised within its group, ``(r - mean) / (std +
-    1e-4)``, summed with the weights, then normalised over the batch: TRL's formulas, with TRL's ``nanstd``.
+    (TRL's ``_calculate_rewards`` warns of it). ``"sum_then_normalize"`` (the paper): :func:`group_advantages` of
+    that sum; ``"normalize_then_sum"`` (GDPO): each function's rewards normalised within its group, ``(r - mean) /
+    (std + 1e-4)``, summed with the weights, then normalised over the batch: TRL's formulas, with TRL's ``nanstd``.
 
     Two groups of two, two functions: the first gives 1, 0 in each group (normalised +-0.7071), the second is constant
     in each (normalised 0); the sums +-0.7071 over their standard deviation 0.8165 give +-0.866:

@@ -142,3 +142,30 @@ class StepResources(TrainerCallback):
             self.metrics["memory/peak_reserved_gib"].append(torch.cuda.max_memory_reserved() / 2**30)
         self.metrics["hooks/forward"].append(float(forward_hook_count(self.model_fn())))
         self.started = None
+
+
+class SyncReferences(TrainerCallback):
+    """TRL's ``sync_ref_model`` for this trainer (TRL's ``SyncRefModelCallback`` pairs the reference's parameters
+    with the policy's one by one, which the router and the soft input, submodules of the policy, break): every
+    ``ref_model_sync_steps`` optimizer steps, reference <- alpha * policy + (1 - alpha) * reference
+    (``ref_model_mixup_alpha``), for the token reference of full fine-tuning (its parameters matched by name) and
+    for the router's reference. ``policy()``: the base model; ``references()``: ``(ref_model, router, ref_router)``,
+    each possibly None."""
+
+    def __init__(self, policy, references):
+        self.policy, self.references = policy, references
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.ref_model_sync_steps:
+            return
+        alpha = args.ref_model_mixup_alpha
+        ref_model, router, ref_router = self.references()
+        pairs = []
+        if ref_model is not None:
+            policy = dict(self.policy().named_parameters())
+            pairs += [(p, policy[n]) for n, p in ref_model.named_parameters()]
+        if ref_router is not None and router is not None:
+            pairs += list(zip(ref_router.parameters(), router.parameters(), strict=True))
+        with torch.no_grad():
+            for target, source in pairs:
+                target.mul_(1.0 - alpha).add_(source.to(target.dtype), alpha=alpha)

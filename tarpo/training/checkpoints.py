@@ -148,12 +148,17 @@ def refuse_nonfinite(model, what: str) -> None:
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not trained:
         return
+    from .distributed import on_any_rank
+
     finite = torch.stack([torch.isfinite(getattr(p, "_local_tensor", p).detach()).all() for _, p in trained])
-    if bool(finite.all()):
+    # FSDP2: each rank reads its own shards; the ranks decide together, so that none waits alone in the save's
+    # collectives while another raises (one all-reduce of one number, several processes only)
+    if not bool(on_any_rank(~finite.all())):
         return
     bad = [n for (n, _), ok in zip(trained, finite.tolist()) if not ok]
-    raise NonFiniteTensors(f"refusing to save {what}: {len(bad)} trained tensor(s) hold NaN or inf "
-                           f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+    where = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "") if bad else "on another process's shards"
+    raise NonFiniteTensors(f"refusing to save {what}: {len(bad) or 'some'} trained tensor(s) hold NaN or inf "
+                           f"({where})")
 
 
 def save_final(trainer, folder: str) -> str:

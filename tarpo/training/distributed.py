@@ -96,3 +96,15 @@ def rollout_seed(seed: int, step: int, index: int) -> int:
         True
     """
     return int(hashlib.sha256(f"{seed}:{step}:{index}".encode()).hexdigest()[:15], 16)
+
+
+def on_any_rank(flag: torch.Tensor) -> torch.Tensor:
+    """``flag`` (a bool tensor) or'ed over the processes of a distributed run, on the device (one all-reduce of
+    one number): every rank then takes the same decision, also when a non-finite value has no gradient path
+    for DDP's all-reduce to spread (a loss term on one rank alone). ``flag`` itself in one process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = flag.float().reshape(1).to(device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value[0] > 0

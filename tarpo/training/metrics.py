@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from accelerate.utils import gather_object
-from trl.trainer.utils import nanstd
+from trl.trainer.utils import nanmax, nanmin, nanstd
 
 
 def log_rollout(trainer, mode: str, rollout, rewards, rewards_per_func, n_trunc: int) -> None:
@@ -117,19 +117,28 @@ CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the loss types TRL log
 def loss_type_metrics(settings, logp: torch.Tensor, rollout, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
     """What TRL logs of its loss type's ratio. The clipped types: ``clip_ratio/low_mean``, ``high_mean`` and
     ``region_mean`` of the token term (the share of its steps whose ratio the clip holds: below ``1 - epsilon`` with
-    ``A < 0``, above ``1 + epsilon_high`` with ``A > 0``; on-policy the ratio is 1 and they are 0). ``vespo``:
+    ``A < 0``, above ``1 + epsilon_high`` with ``A > 0``; on-policy the ratio is 1 and they are 0), and
+    ``clip_ratio/low_min`` and ``high_max``, the smallest and largest of the rows' shares. ``cispo``:
+    ``cispo_clip_ratio``, the share of steps with ``A > 0`` whose weight ``epsilon_high`` caps. ``vespo``:
     ``vespo/phi_seq_mean``, the mean over rows of its weight (1 on-policy)."""
     from ..losses import importance_ratio, upper_clip_eps, vespo_weights
     mask = rollout.completion_mask
     old = rollout.logp if settings.off_policy else None
     if settings.loss_type == "vespo":
         return {"vespo/phi_seq_mean": vespo_weights(logp.detach(), advantages, old, mask, settings).mean()}
-    if settings.loss_type not in CLIPPED:
+    if settings.loss_type not in CLIPPED + ("cispo",):
         return {}
     ratio = importance_ratio(logp.detach(), old, settings.level, mask)
     adv = advantages[:, None]
+    count = mask.sum().clamp(min=1)
+    if settings.loss_type == "cispo":  # the share of steps whose weight min(r, epsilon_high) caps
+        return {"cispo_clip_ratio": ((ratio > upper_clip_eps(settings)) & (adv > 0) & mask).sum() / count}
     low_clipped = (ratio < 1 - settings.clip_eps) & (adv < 0) & mask
     high_clipped = (ratio > 1 + upper_clip_eps(settings)) & (adv > 0) & mask
-    count = mask.sum().clamp(min=1)
+
+    def rows(clipped):  # each row's share of its steps (NaN for a row without any), as TRL's masked_seq_mean
+        return clipped.sum(-1) / mask.sum(-1)
+    low_rows, high_rows = rows(low_clipped), rows(high_clipped)
     return {"clip_ratio/low_mean": low_clipped.sum() / count, "clip_ratio/high_mean": high_clipped.sum() / count,
-            "clip_ratio/region_mean": (low_clipped | high_clipped).sum() / count}
+            "clip_ratio/region_mean": (low_clipped | high_clipped).sum() / count,
+            "clip_ratio/low_min": nanmin(low_rows), "clip_ratio/high_max": nanmax(high_rows)}

@@ -29,23 +29,11 @@ from __future__ import annotations
 import torch
 
 from . import checkpoints
+from .distributed import on_any_rank
 
 CAUSES = ("a learning rate too high for the model (LR, ROUTER_LR), bf16 overflow in long sequences (try BF16=0 on a "
           "small model to tell), or a reward function that returns inf (a NaN or None reward is TRL's \"not scored\": "
           "the row is left out of its group and trains nothing, tarpo.training.advantages)")
-
-
-def on_any_rank(flag: torch.Tensor) -> torch.Tensor:
-    """``flag`` (a bool tensor) or'ed over the processes of a distributed run, on the device (one all-reduce of
-    one number): every rank then takes the same decision, also when a non-finite value has no gradient path
-    for DDP's all-reduce to spread (a loss term on one rank alone). ``flag`` itself in one process."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    value = flag.float().reshape(1).to(device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return value[0] > 0
 
 
 class NonFiniteTraining(RuntimeError):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 
-def parameter_groups(model, router, soft_input, args) -> tuple[list[dict], list]:
+def parameter_groups(model, router, soft_input, args, decay_names=None) -> tuple[list[dict], list]:
     """The trainable parameters of ``model`` in groups, and those of the small heads (router, soft input) that keep
-    fp32 optimizer state (:func:`keep_fp32_state`): LoRA at ``learning_rate`` with ``weight_decay``; the router at
+    fp32 optimizer state (:func:`keep_fp32_state`): the model's (LoRA, or every weight in full fine-tuning) at
+    ``learning_rate``, with ``weight_decay`` where transformers decays (``decay_names``: the Trainer's
+    ``get_decay_parameter_names``; norm weights and biases without; None: all with); the router at
     ``router_lr`` without weight decay (its bias is the soft-rate prior b0, which decay would erode); the soft
     input's own groups (:meth:`tarpo.engine.soft_input.SoftInputBase.parameter_groups`: HRPO's gate as HRPO's
     optimizer groups it). Empty groups are left out; ``router`` may be None (a routing without one)."""
@@ -15,9 +17,20 @@ def parameter_groups(model, router, soft_input, args) -> tuple[list[dict], list]
     router_params = [p for p in (router.parameters() if router is not None else ()) if id(p) in wanted]
     heads = router_params + [p for g in own for p in g["params"]]
     taken = {id(p) for p in heads}
-    groups = [{"params": [p for p in trainable if id(p) not in taken], "weight_decay": args.weight_decay},
+    decayed = {id(p) for n, p in model.named_parameters() if decay_names is None or n in decay_names}
+    rest = [p for p in trainable if id(p) not in taken]
+    groups = [{"params": [p for p in rest if id(p) in decayed], "weight_decay": args.weight_decay},
+              {"params": [p for p in rest if id(p) not in decayed], "weight_decay": 0.0},
               {"params": router_params, "lr": args.router_lr, "weight_decay": 0.0}, *own]
     return [g for g in groups if g["params"]], heads
+
+
+def embedding_weights(model) -> list:
+    """The trained embedding tables (full fine-tuning): transformers gives them 32-bit state under an 8-bit
+    optimizer, and so does :func:`keep_fp32_state`."""
+    import torch
+
+    return [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.weight.requires_grad]
 
 
 def keep_fp32_state(optimizer, params) -> None:

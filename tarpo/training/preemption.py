@@ -2,13 +2,14 @@
 
 A scheduler that preempts a job (Slurm's ``scancel`` or the end of its time, Kubernetes' eviction) sends SIGTERM, and
 some send an early warning first (Slurm's ``--signal=USR1@120``). :class:`SaveOnSignal` turns each signal of
-``TarpoConfig.save_on_signals`` into "finish the optimizer step in flight, write a checkpoint, stop": the handler
-only records the signal (the save is atomic anyway: tarpo.training.checkpoints), and at the end of the step every process stops at the same step (the processes
-agree over one all-reduce of a flag a step, when there are several), the Trainer saves ``checkpoint-N`` and
-training returns; a second signal meanwhile is handed to the handler that was there before (by default it ends
-the process), so a hung step or save can be stopped without SIGKILL. A signal within :data:`DUPLICATE_S` of the first
-is taken for a copy of it (a scheduler signals the whole process group, and a launcher may forward it too). The launcher then says so in one line and exits with :data:`EXIT_PREEMPTED` (75, sysexits'
-EX_TEMPFAIL: try again), a status a requeue can be keyed on; running the same command again resumes from the
+``TarpoConfig.save_on_signals`` into "finish the optimizer step in flight, write a checkpoint, stop": the handler only
+records the signal (the save is atomic anyway: tarpo.training.checkpoints), and at the end of the step every process
+stops at the same step (the processes agree over one all-reduce of a flag a step, when there are several), the Trainer
+saves ``checkpoint-N`` and training returns; a second signal meanwhile is handed to the handler that was there before
+(by default it ends the process), so a hung step or save can be stopped without SIGKILL. A signal within
+:data:`DUPLICATE_S` of the first is taken for a copy of it (a scheduler signals the whole process group, and a
+launcher may forward it too). The launcher then says so in one line and exits with :data:`EXIT_PREEMPTED` (75,
+sysexits' EX_TEMPFAIL: try again), a status a requeue can be keyed on; running the same command again resumes from the
 checkpoint and trains what an uninterrupted run trains.
 """
 
@@ -26,6 +27,7 @@ from transformers import TrainerCallback
 
 from ..atomic_files import write_json_atomic
 from ..config import signal_numbers
+from .distributed import on_any_rank
 
 logger = logging.getLogger(__name__)
 EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, the command may be run again
@@ -35,13 +37,7 @@ MARKER = "preempted.json"  # in the run folder while its last launch was stopped
 
 def any_process(flag: bool) -> bool:
     """``flag`` or'ed over the processes of a distributed run (one all-reduce of one number); ``flag`` alone."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([float(flag)], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return bool(on_any_rank(torch.tensor(flag)))
 
 
 class SaveOnSignal(TrainerCallback):

@@ -38,6 +38,7 @@ import torch
 from peft import LoraConfig
 from accelerate.utils import is_peft_model
 from transformers import TrainerState
+from trl.trainer.callbacks import SyncRefModelCallback
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
 
@@ -56,14 +57,14 @@ from ..models.loading import lora_config, new_router, stop_token_ids
 from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
 from ..tasks.prompts import encode_prompts
 from . import checkpoints, metrics, sharding, trl_contract
-from .callbacks import StepResources
+from .callbacks import StepResources, SyncReferences
 from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
 from .nonfinite import NonFiniteGuard
 from .advantages import reward_advantages
 from .objective import LossSettings, loss_mask, rollout_loss
 from .preemption import SaveOnSignal
-from .optimizer import keep_fp32_state, parameter_groups
+from .optimizer import embedding_weights, keep_fp32_state, parameter_groups
 from .scoring import StepScores, ScoreSettings, score_rollout
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,10 @@ class TarpoTrainer(GRPOTrainer):
         self.add_callback(self._resources)
         self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps)  # a non-finite step is skipped, counted
         self.stop_signal = SaveOnSignal(args.save_on_signals) if args.save_on_signals else None
+        if args.sync_ref_model:  # TRL's callback pairs parameters one by one, which the router's presence breaks
+            self.pop_callback(SyncRefModelCallback)
+            self.add_callback(SyncReferences(lambda: unwrap(self.accelerator.unwrap_model(self.model)),
+                                             lambda: (self.ref_model, self.router, self.ref_router)))
         if self.stop_signal is not None:  # a preemption: the step in flight finished, a checkpoint, then stop
             self.add_callback(self.stop_signal)
         if sharding.check_sharding(self.accelerator):  # FSDP2: accelerate shards the model when training starts
@@ -151,9 +156,10 @@ class TarpoTrainer(GRPOTrainer):
         opt_model = self.model if model is None else model
         args = self.args
         cls, kwargs = self.get_optimizer_cls_and_kwargs(args, opt_model)
-        groups, heads = parameter_groups(opt_model, self.router, self.soft_input, args)
+        groups, heads = parameter_groups(opt_model, self.router, self.soft_input, args,
+                                         set(self.get_decay_parameter_names(opt_model)))
         self.optimizer = cls(groups, **kwargs)
-        keep_fp32_state(self.optimizer, heads)
+        keep_fp32_state(self.optimizer, heads + embedding_weights(opt_model))
         return self.optimizer
 
     # ------------------------------------------------------------------ generation

@@ -44,8 +44,8 @@ def is_streaming(dataset) -> bool:
 def check_dataset(dataset, name: str = "train_dataset") -> None:
     """Fail before any training if the data set is empty or has no ``prompt`` column (a streaming data set: its
     first row)."""
-    if dataset is None:
-        raise ValueError(f"{name} is required")
+    if dataset is None:  # TRL 1.15 refuses it too, in these words, but for an environment_factory (not served here)
+        raise ValueError(f"`{name}` is required (TarpoTrainer serves no `environment_factory`, TRL's one exception)")
     if is_streaming(dataset):
         first = next(iter(dataset), None)
         if first is None:

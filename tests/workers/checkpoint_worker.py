@@ -3,14 +3,13 @@ SIGKILLed (or hit a full disk) at a chosen point of the save sequence (tests/tes
 
     python tests/workers/checkpoint_worker.py plan.json result.json
 
-``plan.json``: ``{"env": {launcher variables}, "steps": [{"run": RUN_NAME, "kill": POINT or null,
-"enospc": POINT or null, "signal": STEP or null, "env": {variables of this run}}, ...]}`` (``signal``: SIGTERM twice when
-that optimizer step begins, :func:`signal_at`). The steps run one after
-the other, each in a child forked from this process (which imports torch, transformers, TRL and tarpo once and
-never computes, so the children start in a second instead of a process start each). A child SIGKILLs itself
-(``os.kill(os.getpid(), SIGKILL)``: no ``finally``, no ``atexit``, nothing flushed) when the save
-reaches its point. ``result.json``: per step its ``status`` ("exit N" or "signal N"), the tail of
-its output and ``tree``, the sha256 of every file then in its run folder.
+``plan.json``: ``{"env": {launcher variables}, "steps": [{"run": RUN_NAME, "kill": POINT or null, "enospc": POINT or
+null, "signal": STEP or null, "env": {variables of this run}}, ...]}`` (``signal``: SIGTERM twice when that optimizer
+step begins, :func:`signal_at`). The steps run one after the other, each in a child forked from this process (which
+imports torch, transformers, TRL and tarpo once and never computes, so the children start in a second instead of a
+process start each). A child SIGKILLs itself (``os.kill(os.getpid(), SIGKILL)``: no ``finally``, no ``atexit``,
+nothing flushed) when the save reaches its point. ``result.json``: per step its ``status`` ("exit N" or "signal N"),
+the tail of its output and ``tree``, the sha256 of every file then in its run folder.
 
 Every run trains with a dense reward (the share of vowels) instead of the GSM8K grader, so that a
 tiny random model gets a learning signal and every step changes the adapter and the router.
