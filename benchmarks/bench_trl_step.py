@@ -1,14 +1,15 @@
 """The whole training step on a real model: TRL's ``GRPOTrainer`` beside ``TarpoTrainer`` as GRPO and as TARPO.
 
-All three train SmolLM2-135M-Instruct (``python -m tarpo.models.offline smollm2-135m`` first) with the same
-settings, by default the learning check's (``tarpo.runs.learning_check.REAL_MODELS``, docs/real-model.md): its
-task's questions, the paper's reward, LoRA r 16 on every linear layer, ``--batch`` completions a step in groups of
-``--group``, ``--length`` new tokens at most, the same sampling temperature, fp32 on the CPU. TRL samples with
-transformers' ``generate``; TarpoTrainer with its own engine (the eager one on a CPU, or ``--engine``). Two passes, the trainers in the order TRL, GRPO, TARPO, then the reverse (so
-that a drift of the machine over time weighs on each alike); in each pass each trainer is built anew and trains
-``--steps`` steps. A step is timed from the trainer's step start to its end (callbacks); TarpoTrainer's rollout
-time is its own log (``timing/rollout_s``; TRL logs none on this path). Each pass's first step (first calls,
-allocations) is reported apart; the figures are the medians of the other steps, and each trainer's over TRL's.
+All three train SmolLM2-135M-Instruct (``python -m tarpo.models.offline smollm2-135m`` first) with the same settings,
+by default the learning check's (``tarpo.runs.learning_check.REAL_MODELS``, docs/real-model.md): its task's questions,
+the paper's reward, LoRA r 16 on every linear layer, ``--batch`` completions a step in groups of ``--group``,
+``--length`` new tokens at most, the same sampling temperature, fp32 on the CPU. TRL samples with transformers'
+``generate``; TarpoTrainer with its own engine (the eager one on a CPU, or ``--engine``). Two passes, the trainers in
+the order TRL, GRPO, TARPO, then the reverse (so that a drift of the machine over time weighs on each alike); in each
+pass each trainer is built anew and trains ``--steps`` steps. A step is timed from the trainer's step start to its end
+(callbacks); TarpoTrainer's rollout time is its own log (``timing/rollout_s``; TRL logs none on this path). Each
+pass's first step (first calls, allocations) is reported apart; the figures are the medians of the other steps, and
+each trainer's over TRL's.
 
 TRL 1.15's GRPOTrainer computes its training log-probs with a Triton kernel (``trl/kernels/chunked_logprob.py``,
 called from ``trl/trainer/utils.py``'s fused LM head without a fallback): where Triton is missing (the CPU wheel of

@@ -183,7 +183,8 @@ def summarize(run_dir: str) -> dict:
             "rise": rise, "rise_se": se, "learns": None if se is None else rise > 2 * se,
             "step_s": statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None),
             "first_step_s": times[0] if times else None, "rollout_s": _mean(column("timing/rollout_s")[1:]),
-            "soft_ratio": _mean(column("soft_ratio")), "logp_drift": _mean(column("logp_drift")),
+            "soft_ratio": _mean(column("soft_ratio")), "router_p_soft": _mean(column("router/p_soft")),
+            "logp_drift": _mean(column("logp_drift")),
             "logp_drift_p99": _mean(column("logp_drift_p99")), "logp_drift_max": peak("logp_drift_max"),
             "logp_drift_frac_over_0.1": _mean(column("logp_drift_frac_over_0.1")),
             "peak_gib": peak("memory/peak_gib"), "reserved_gib": peak("memory/peak_reserved_gib"),
@@ -254,13 +255,14 @@ def report(results: dict[str, dict], evaluation: dict | None = None) -> str:
 
     def g(v):
         return "-" if v is None else f"{v:.2g}"
-    lines = ["| algo | steps | first | last | rise (± 2 se) | learns | step s | soft ratio | drift mean / p99 / max |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| algo | steps | first | last | rise (± 2 se) | learns | step s (rollout s) | soft ratio | router p(soft) "
+             "| drift mean / p99 / max |", "|---|---|---|---|---|---|---|---|---|---|"]
     for algo, s in results.items():
         band = "" if s["rise_se"] is None else f" ± {2 * s['rise_se']:.3f}"
         lines.append(f"| {algo} | {s['steps']} | {f(s['first'])} | {f(s['last'])} | {f(s['rise'])}{band} | "
-                     f"{s['learns']} | {f(s['step_s'], 2)} | {f(s['soft_ratio'])} | {g(s['logp_drift'])} / "
-                     f"{g(s['logp_drift_p99'])} / {g(s['logp_drift_max'])} |")
+                     f"{s['learns']} | {f(s['step_s'], 2)} ({f(s['rollout_s'], 2)}) | {f(s['soft_ratio'])} | "
+                     f"{f(s.get('router_p_soft'))} | {g(s['logp_drift'])} / {g(s['logp_drift_p99'])} / "
+                     f"{g(s['logp_drift_max'])} |")
     for algo, s in results.items():
         curve, size = s["curve"], max(1, len(s["curve"]) // 10)
         tenths = [sum(curve[i:i + size]) / len(curve[i:i + size]) for i in range(0, len(curve), size)]
