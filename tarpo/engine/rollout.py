@@ -174,7 +174,7 @@ def _decode(ctx: DecodeContext, prompt_ids, prompt_mask, keys, lockstep, cache) 
     Finished rows are dropped at the end checks unless the spec, the backbone (``fixed_batch``) or
     ``lockstep`` keeps the batch whole."""
     device, spec, backbone = prompt_ids.device, ctx.spec, ctx.backbone
-    B, T, E = prompt_ids.shape[0], spec.max_new_tokens, backbone.embed_weight
+    B, T = prompt_ids.shape[0], spec.max_new_tokens
     compact = spec.compact_finished_rows and not getattr(backbone, "fixed_batch", False) and lockstep is None
     rec = new_records(B, T, spec.soft_top_k, ctx.mixture_width, ctx.pad_token_id, device)
     ended_with_eos = torch.zeros(B, dtype=torch.bool, device=device)

@@ -255,8 +255,8 @@ def report(results: dict[str, dict], evaluation: dict | None = None) -> str:
 
     def g(v):
         return "-" if v is None else f"{v:.2g}"
-    lines = ["| algo | steps | first | last | rise (± 2 se) | learns | step s (rollout s) | soft ratio | router p(soft) "
-             "| drift mean / p99 / max |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| algo | steps | first | last | rise (± 2 se) | learns | step s (rollout s) | soft ratio "
+             "| router p(soft) | drift mean / p99 / max |", "|---|---|---|---|---|---|---|---|---|---|"]
     for algo, s in results.items():
         band = "" if s["rise_se"] is None else f" ± {2 * s['rise_se']:.3f}"
         lines.append(f"| {algo} | {s['steps']} | {f(s['first'])} | {f(s['last'])} | {f(s['rise'])}{band} | "
