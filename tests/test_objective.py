@@ -143,3 +143,21 @@ def test_a_row_no_reward_function_scored_is_left_out_of_its_group_as_in_trl():
     torch.testing.assert_close(adv[:4], torch.tensor(expected))
     torch.testing.assert_close(adv[4:], reward_advantages(r[4:], torch.ones(1), 4, 1e-4, "group")[1])  # unchanged
     assert torch.isnan(rewards[2]) and math.isclose(torch.nanmean(rewards).item(), 3 / 7, rel_tol=1e-6)
+
+
+def test_normalize_then_sum_leaves_an_unscored_row_out_as_trl_does():
+    """GDPO's aggregation with a row no function scored: out of the batch's mean and std, advantage 0 (TRL 1.15's
+    formulas, written out here as grpo_trainer.py has them)."""
+    from trl.trainer.utils import nanstd
+
+    from tarpo.training.advantages import reward_advantages
+
+    nan = float("nan")
+    r = torch.tensor([[1.0, 0.0], [0.0, 0.0], [nan, nan], [1.0, 1.0], [0.0, 1.0], [1.0, 1.0]])
+    _, adv = reward_advantages(r, torch.ones(2), 2, 1e-4, "group", "normalize_then_sum")
+    g = r.view(-1, 2, 2)
+    summed = ((g - torch.nanmean(g, 1, keepdim=True)) / (nanstd(g, 1, keepdim=True) + 1e-4)).view(-1, 2).nansum(1)
+    summed[2] = float("nan")  # TRL: rewards[unscorable_mask] = nan
+    expected = torch.nan_to_num((summed - torch.nanmean(summed)) / (nanstd(summed) + 1e-4), nan=0.0)
+    torch.testing.assert_close(adv, expected)
+    assert adv[2] == 0 and adv.abs().sum() > 0

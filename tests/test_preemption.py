@@ -63,9 +63,10 @@ def test_a_second_signal_goes_to_the_handler_there_before(monkeypatch):
 
     seen, clock = [], [100.0]
     monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
-    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    previous = {s: signal.signal(s, lambda signum, frame: seen.append(signum)) for s in (signal.SIGUSR1,
+                                                                                          signal.SIGUSR2)}
     try:
-        stop = SaveOnSignal(["SIGUSR1"])
+        stop = SaveOnSignal(["SIGUSR1", "SIGUSR2"])
         stop.on_train_begin(None, None, None)
         os.kill(os.getpid(), signal.SIGUSR1)
         assert stop.received == "SIGUSR1" and seen == []  # the first: finish the step, save, stop
@@ -73,11 +74,26 @@ def test_a_second_signal_goes_to_the_handler_there_before(monkeypatch):
         os.kill(os.getpid(), signal.SIGUSR1)
         assert seen == []  # a copy of the first (a process group's and a launcher's)
         clock[0] += preemption.DUPLICATE_S
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert seen == []  # another kind: the scheduler's next notice (SIGTERM after the early-warning USR1)
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert seen == [signal.SIGUSR1]  # the second: not waiting for the checkpoint
+        assert seen == [signal.SIGUSR1]  # the same again: not waiting for the checkpoint
         assert signal.getsignal(signal.SIGUSR1) is not stop._handle
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def test_a_rank_stopped_by_another_then_signalled_itself_does_not_fail():
+    """A rank told to stop by another (the all-reduced flag) and then sent the signal itself records it."""
+    stop = SaveOnSignal(["SIGUSR1"])
+    stop.on_train_begin(None, None, None)
+    try:
+        stop.received = "a signal to another process"  # what on_step_end sets from the flag
+        os.kill(os.getpid(), signal.SIGUSR1)  # before: AttributeError in the handler
+        assert stop.received == "a signal to another process"
+    finally:
+        stop.restore()
 
 
 def test_a_handler_python_did_not_install_is_put_back_as_the_default():

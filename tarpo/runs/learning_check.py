@@ -97,23 +97,28 @@ def evaluate_before_after(model: str, out: str, algos, questions: int, n: int) -
     source = model_source(model, MODELS.get(model))
     systems = {"base": ("cot", None), **{a: (ROUTINGS[a].eval_mode, os.path.join(out, a, "adapter")) for a in algos}}
     threads = str(max(1, (os.cpu_count() or 1) // len(systems)))
-    started, procs = time.time(), {}
-    for name, (mode, adapter) in systems.items():
-        command = [sys.executable, "-m", "tarpo.cli", "eval", "--model", source, "--tasks", REAL_TASK,
-                   "--limit", str(questions), "--n", str(n), "--mode", mode, "--max-new-tokens",
-                   REAL_MODELS[model]["MAX_COMPLETION_LENGTH"], "--out", os.path.join(out, f"eval-{name}")]
-        procs[name] = subprocess.Popen(command + (["--adapter", adapter] if adapter else []),
-                                       stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": threads})
-    results = {}
-    for name, proc in procs.items():
-        mode = systems[name][0]
-        if proc.wait() != 0:
-            results[name] = {"mode": mode, "failed": f"tarpo eval exit {proc.returncode}"}
-            continue
-        with open(os.path.join(out, f"eval-{name}", f"{REAL_TASK}.results.json")) as f:
-            metrics = json.load(f)["metrics"]
-        results[name] = {"mode": mode, "pass@1": metrics["pass@1"], "ci95": metrics["accuracy_ci95"],
-                         "soft_ratio": metrics["soft_ratio"], "seconds": round(time.time() - started, 1)}
+    started, procs, results = time.time(), {}, {}
+    try:
+        for name, (mode, adapter) in systems.items():
+            command = [sys.executable, "-m", "tarpo.cli", "eval", "--model", source, "--tasks", REAL_TASK,
+                       "--limit", str(questions), "--n", str(n), "--mode", mode, "--max-new-tokens",
+                       REAL_MODELS[model]["MAX_COMPLETION_LENGTH"], "--out", os.path.join(out, f"eval-{name}")]
+            procs[name] = subprocess.Popen(command + (["--adapter", adapter] if adapter else []),
+                                           stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": threads})
+        for name, proc in procs.items():  # "seconds": from the common start until this system's result was read
+            mode = systems[name][0]
+            if proc.wait() != 0:
+                results[name] = {"mode": mode, "failed": f"tarpo eval exit {proc.returncode}"}
+                continue
+            with open(os.path.join(out, f"eval-{name}", f"{REAL_TASK}.results.json")) as f:
+                metrics = json.load(f)["metrics"]
+            results[name] = {"mode": mode, "pass@1": metrics["pass@1"], "ci95": metrics["accuracy_ci95"],
+                             "soft_ratio": metrics["soft_ratio"], "seconds": round(time.time() - started, 1)}
+    finally:  # an error or a signal here leaves no evaluation behind
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     base = results["base"]
     for name in algos:  # the base's interval: pass@1 ± ci95 over its questions
         if "pass@1" in results[name] and "pass@1" in base:

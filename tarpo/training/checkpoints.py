@@ -151,9 +151,13 @@ def refuse_nonfinite(model, what: str) -> None:
     from .distributed import on_any_rank
 
     finite = torch.stack([torch.isfinite(getattr(p, "_local_tensor", p).detach()).all() for _, p in trained])
+    bad = ~finite.all()
     # FSDP2: each rank reads its own shards; the ranks decide together, so that none waits alone in the save's
-    # collectives while another raises (one all-reduce of one number, several processes only)
-    if not bool(on_any_rank(~finite.all())):
+    # collectives while another raises (one all-reduce of one number). Unsharded, each rank holds every value: no
+    # collective (a save made on one rank alone must not wait for the others)
+    if any(hasattr(p, "_local_tensor") for _, p in trained):
+        bad = on_any_rank(bad)
+    if not bool(bad):
         return
     bad = [n for (n, _), ok in zip(trained, finite.tolist()) if not ok]
     where = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "") if bad else "on another process's shards"

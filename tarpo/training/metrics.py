@@ -31,7 +31,8 @@ def log_rollout(trainer, mode: str, rollout, rewards, rewards_per_func, n_trunc:
     grouped = rewards.view(-1, trainer.num_generations)
     metrics["reward"].append(torch.nanmean(rewards).item())  # rows no reward function scored left out (TRL's)
     metrics["reward_std"].append(nanstd(rewards).item())
-    metrics["frac_reward_zero_std"].append((grouped.max(1).values == grouped.min(1).values).float().mean().item())
+    alike = torch.isclose(nanstd(grouped, dim=1), torch.zeros(()))  # TRL's: the group's scored rows' std is 0
+    metrics["frac_reward_zero_std"].append(alike.float().mean().item())
     for i, name in enumerate(trainer.reward_func_names):
         metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
         metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, i]).item())

@@ -13,7 +13,8 @@ iteration whose gradients overflowed:
   and bitsandbytes' skip a parameter without a gradient) and marks the optimizer step skipped, so the learning-rate
   schedule does not advance (accelerate's ``step_was_skipped``, which transformers reads); the step counter does
   advance (the step's data were used). The skipped step's loss and gradient norm are logged NaN (``null`` in
-  ``metrics.jsonl``, which every JSON reader takes), its loss left out of the run's ``train_loss`` (finite),
+  ``metrics.jsonl``, which every JSON reader takes), its loss (its logging window's, with ``logging_steps`` > 1) left
+  out of the run's ``train_loss``, which stays finite (a skipped step counts 0 in its mean),
   ``nonfinite_steps`` counts the skipped steps of the run;
 - ``TarpoConfig.max_nonfinite_steps`` bad steps in a row stop the run with :class:`NonFiniteTraining`, one line
   naming the step, the last complete checkpoint and the usual causes.
@@ -78,8 +79,9 @@ class NonFiniteGuard:
         self.count += 1
         self.in_a_row += 1
         trainer.model.zero_grad(set_to_none=True)
-        # The step's NaN leaves transformers' loss sums (so the run's train_loss stays finite); the loss of the
-        # logging window is logged NaN instead (TarpoTrainer.log), which metrics.jsonl writes as null. The sum is
+        # The step's NaN leaves transformers' loss sum (so the run's train_loss stays finite), and with it the
+        # losses of the logging window's earlier steps (none at logging_steps=1; the sum is one tensor); the
+        # window's loss is logged NaN instead (TarpoTrainer.log), which metrics.jsonl writes as null. The sum is
         # the Trainer's private ``_tr_loss``: transformers has no public way to drop a step's loss from it.
         if getattr(trainer, "_tr_loss", None) is not None:
             trainer._tr_loss.zero_()

@@ -5,11 +5,12 @@ some send an early warning first (Slurm's ``--signal=USR1@120``). :class:`SaveOn
 ``TarpoConfig.save_on_signals`` into "finish the optimizer step in flight, write a checkpoint, stop": the handler only
 records the signal (the save is atomic anyway: tarpo.training.checkpoints), and at the end of the step every process
 stops at the same step (the processes agree over one all-reduce of a flag a step, when there are several), the Trainer
-saves ``checkpoint-N`` and training returns; a second signal meanwhile is handed to the handler that was there before
-(by default it ends the process), so a hung step or save can be stopped without SIGKILL. A signal within
+saves ``checkpoint-N`` and training returns; the same signal again meanwhile is handed to the handler that was there
+before (by default it ends the process), so a hung step or save can be stopped without SIGKILL. The same signal within
 :data:`DUPLICATE_S` of the first is taken for a copy of it (a scheduler signals the whole process group, and a
-launcher may forward it too). The launcher then says so in one line and exits with :data:`EXIT_PREEMPTED` (75,
-sysexits' EX_TEMPFAIL: try again), a status a requeue can be keyed on; running the same command again resumes from the
+launcher may forward it too); another kind (Slurm's SIGTERM after its early-warning USR1) is the scheduler's next
+notice and changes nothing. The launcher then says so in one line and exits with :data:`EXIT_PREEMPTED` (75, sysexits'
+EX_TEMPFAIL: try again), a status a requeue can be keyed on; running the same command again resumes from the
 checkpoint and trains what an uninterrupted run trains.
 """
 
@@ -47,13 +48,18 @@ class SaveOnSignal(TrainerCallback):
 
     def __init__(self, signals):
         self.signals, self.received, self.stopped_at, self._previous = signal_numbers(signals), None, None, {}
+        self._first = None  # (signal number, time) of the first signal this process received
 
     def _handle(self, signum, _frame):
         now = time.monotonic()
-        if self.received is None:  # the first one: finish the step, save, stop
-            self.received, self._received_at = signal.Signals(signum).name, now
+        if self.received is None or self._first is None:  # the first one here: finish the step, save, stop
+            self.received = self.received or signal.Signals(signum).name
+            self._first = (signum, now)
             return
-        if now - self._received_at < DUPLICATE_S:  # the first one again: a process group's and a launcher's copies
+        first, at = self._first
+        # another kind (a scheduler's SIGTERM after its early-warning USR1) is its next notice, not a request to
+        # stop at once; the same one within DUPLICATE_S is a copy (a process group's and a launcher's)
+        if signum != first or now - at < DUPLICATE_S:
             return
         # a second one (a step or a save that hangs): the usual "second signal forces" rule, the handler that was
         # there before takes it (the default one ends the process)
@@ -62,7 +68,7 @@ class SaveOnSignal(TrainerCallback):
         signal.raise_signal(signum)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.received, self.stopped_at = None, None  # each train() call starts afresh (a retry in one process)
+        self.received, self.stopped_at, self._first = None, None, None  # each train() call starts afresh
         if threading.current_thread() is not threading.main_thread():
             logger.warning("training outside the main thread: a signal cannot stop it with a checkpoint")
             return

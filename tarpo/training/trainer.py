@@ -284,9 +284,10 @@ class TarpoTrainer(GRPOTrainer):
                 own = name.startswith(("logp_drift", "importance_sampling/")) and name.endswith(("_max", "_min"))
                 if finite and (own or name == "nonfinite_steps"):
                     step_metrics[name] = [min(finite) if name.endswith("_min") else max(finite)]
-        if "loss" in logs and self.nonfinite.skipped_since_log:  # the window's loss left the sums (step_is_finite)
-            logs["loss"] = float("nan")
-        self.nonfinite.skipped_since_log = False
+        if "loss" in logs:  # a training log: its window's loss left the sums if a step was skipped (step_is_finite)
+            if self.nonfinite.skipped_since_log:
+                logs["loss"] = float("nan")
+            self.nonfinite.skipped_since_log = False
         super().log(logs, start_time)
 
     # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
