@@ -115,10 +115,7 @@ def evaluate_before_after(model: str, out: str, algos, questions: int, n: int) -
             results[name] = {"mode": mode, "pass@1": metrics["pass@1"], "ci95": metrics["accuracy_ci95"],
                              "soft_ratio": metrics["soft_ratio"], "seconds": round(time.time() - started, 1)}
     finally:  # an error or a signal here leaves no evaluation behind
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_running(procs)
     base = results["base"]
     for name in algos:  # the base's interval: pass@1 ± ci95 over its questions
         if "pass@1" in results[name] and "pass@1" in base:
@@ -227,13 +224,18 @@ def run_side_by_side(envs: dict[str, dict], out: str, deadline: float | None, da
             for s, handler in previous.items():
                 signal.signal(s, handler)
     finally:
-        for p in procs.values():  # an error here leaves no run behind
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _kill_running(procs)  # an error here leaves no run behind
         for log in logs:
             log.close()
     return {algo: None if algo in stopped else p.returncode for algo, p in procs.items()}
+
+
+def _kill_running(procs: dict) -> None:
+    """Kill and reap each of ``procs`` (name -> ``subprocess.Popen``) still running."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def run_in_process(envs: dict[str, dict], dataset: str = "arith") -> dict[str, int]:
