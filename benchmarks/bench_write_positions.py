@@ -192,7 +192,8 @@ def main() -> None:
     ap.add_argument("--merges", default="default",
                     help="decode weights (TarpoConfig.decode_merge), comma-separated and interleaved: all | attention "
                          "| none; default: the RolloutSpec's (a tree before issue 55 has no such setting)")
-    ap.add_argument("--json", help="write the results here (merged under the key 'write_positions')")
+    ap.add_argument("--json", help="write the results here (merged under the key --key)")
+    ap.add_argument("--key", default="write_positions", help="the results' key in --json")
     args = ap.parse_args()
     args.positions = [int(p) for p in args.positions.split(",")]
     args.modes = args.modes.split(",")
@@ -216,14 +217,15 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name() if cuda else "cpu", "backend": backend, "batch": args.batch,
            "merges": args.merges,
            "regional": getattr(static_decode, "REGIONAL_COMPILE", {}).get("cuda" if cuda else "cpu", False),
-           "steps": args.steps, "model": args.model or args.shape, "layers": model.config.num_hidden_layers,
+           "steps": args.steps, "model": args.model or args.shape,
+           "lora_targets": args.lora_targets or "launchers'", "layers": model.config.num_hidden_layers,
            "load_s": load_s, "torch": torch.__version__,
            "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default")}
     res.update(measure(model, load_tokenizer(model_dir), args, cuda))
     print(json.dumps(res, indent=1))
     if args.json:
         from gpu_session import record
-        record(args.json, "write_positions", res)
+        record(args.json, args.key, res)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
 #       paper's MATH settings (64 x 1,024 + 1,024 tokens, ACTION_BIAS=2.2,0), nvidia-smi's memory every 0.5 s beside
 #   bash benchmarks/gpu_session.sh positions   # Qwen2.5-3B shape: the compiled step at write positions 64, 512 and
 #       1,900 of a 2,048-position cache, attention over the written slots, at DECODE_MERGE none, attention and all,
-#       its cold compile and kernels; tests/test_gpu.py
+#       with LoRA on q/k/v/o and then on every linear layer, each with its cold compile; tests/test_gpu.py if time
 #   bash benchmarks/gpu_session.sh decode      # Qwen2.5-3B shape: the compiled step at batch 64 (learned, all-hard,
 #       all-soft rows) against the weight-reading floor
 # Carry .whl (benchmarks/fetch_gpu_wheels.sh) and .gpu-data (python benchmarks/gpu_session.py data .gpu-data
@@ -169,10 +169,16 @@ case $CALL in
   positions)  # issue 46: the compiled step at write positions 64, 512, 1,900 of a 2,048-position cache (3B shape)
     install
     timed model3 120 "$PY" benchmarks/gpu_session.py model $WORK/q3 $SHAPE3
-    TORCH_LOGS=output_code timed write-positions $(( $(left) - 100 )) "$PY" benchmarks/bench_write_positions.py \
-      --model $WORK/q3 --json "$JSON" --rounds 2 --modes written --merges none,attention,all $([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1) \
-      2> $WORK/code.log || grep -v __output_code $WORK/code.log | tail -n 40
-    "$PY" benchmarks/count_kernels.py $WORK/code.log --json "$JSON" --key step-kernels | head -n 30
+    small=$([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1)
+    # issue 64 item 6: with the paper's LoRA targets (q, k, v, o), what each level of decode copies buys
+    timed write-positions $(( $(left) - 160 )) "$PY" benchmarks/bench_write_positions.py --model $WORK/q3 \
+      --json "$JSON" --rounds 3 --modes written --merges none,attention,all $small 2> $WORK/err.log \
+      || tail -n 40 $WORK/err.log
+    # LoRA on every linear layer: merging the MLP's adapters (all) against keeping them as adapters (attention)
+    fits write-positions-linear 150 && timed write-positions-linear $(( $(left) - 10 )) "$PY" \
+      benchmarks/bench_write_positions.py --model $WORK/q3 --json "$JSON" --key write_positions_all_linear \
+      --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --rounds 3 --modes written \
+      --merges none,attention,all $small 2> $WORK/err.log || tail -n 40 $WORK/err.log
     test_gpu;;
   decode)
     install
