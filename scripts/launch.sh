@@ -85,8 +85,8 @@ EVAL_LIMIT=${EVAL_LIMIT:-}         # first N questions per benchmark
 EVAL_DATA_DIR=${EVAL_DATA_DIR:-}   # local benchmark folders (<task>/); empty: the hub
 DRY_RUN=${DRY_RUN:-}               # 1: print the resolved configuration and exit
 ENGINE=${ENGINE:-}                 # rollout engine: auto (compiled on CUDA, either backend; eager on the CPU) | eager (Unsloth's decode on unsloth) | compiled
-DECODE_MERGE=${DECODE_MERGE:-}     # compiled engine's decode weights: auto (the memory plan's) | all (LoRA merged into
-                                   # q|k|v, o, gate|up, down copies) | attention (q|k|v and o) | none (the adapter)
+DECODE_MERGE=${DECODE_MERGE:-}     # compiled engine's decode weights: auto (the memory plan's) | all (every LoRA merged into
+                                   # a copy of what carries it) | attention (q|k|v and o's only) | none (the adapter)
 BACKEND=${BACKEND:-}               # auto: Unsloth (tarpo.patches) on CUDA where scripts/install_gpu.sh installed it; hf: transformers + PEFT
 NUM_PROCESSES=${NUM_PROCESSES:-}   # > 1: that many processes (one per GPU) under accelerate launch; empty: 1,
                                    # or ACCELERATE_CONFIG's num_processes

@@ -23,8 +23,9 @@ IS_LEVELS = ("token", "sequence")                # tarpo.losses.importance_ratio
 IS_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 ENTROPY_SIDES = ("high", "low")                  # 'entropy' routing: soft where the entropy is above / below
 ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.engine.rollout, tarpo.engine.static_decode)
-# what the compiled engine decodes with (tarpo.engine.functional_decoder.decoder_weights): the LoRA merged into copies
-# of the projections (q|k|v and o; "all": gate|up and down too) or applied as an adapter; "auto": the memory plan's
+# what the compiled engine decodes with (tarpo.engine.decode_weights): the LoRA merged into copies of the projections
+# that carry it (q|k|v and o; "all": gate|up and down too) or applied as an adapter; "auto": the memory plan's, or
+# without a plan the free memory's; the levels after "auto" from the most copies to none
 DECODE_MERGES = ("auto", "all", "attention", "none")
 
 
@@ -252,14 +253,16 @@ class TarpoConfig(GRPOConfig):
                                           "CPU unless the run's timed first rollout shows compiling repays). In "
                                           "training both engines draw the same samples (docs/rollout-engines.md)."})
     decode_merge: str = field(
-        default="auto", metadata={"help": "What the compiled engine decodes with, built once per rollout "
-                                          "(docs/rollout-engines.md, 'Decode weights'): 'all' copies of the "
-                                          "projections with the LoRA merged in (W + s B A, summed in fp32, stored in "
-                                          "the compute dtype), q|k|v and gate|up each one matrix: 4 products a "
-                                          "layer; 'attention' that for q|k|v and o only; 'none' the model's weights "
-                                          "and the LoRA as an adapter (cast once to the compute dtype). 'auto': the "
-                                          "launcher's memory plan picks the first that fits, in that order ('all' "
-                                          "without a plan). The model's own weights are never changed."})
+        default="auto", metadata={"help": "What the compiled engine decodes with, built once per rollout (once per "
+                                          "evaluation; docs/rollout-engines.md, 'Decode weights'): 'all' copies of "
+                                          "the projections that carry LoRA with it merged in (W + s B A, summed in "
+                                          "fp32, stored in the compute dtype), q|k|v and gate|up each one matrix "
+                                          "where they carry it; 'attention' that for q|k|v and o only; 'none' the "
+                                          "model's weights and the LoRA as an adapter (cast once to the compute "
+                                          "dtype). Weights without LoRA are never copied. 'auto': the launcher's "
+                                          "memory plan picks the first that fits, in that order; without a plan, the "
+                                          "first whose copies and KV cache fit in 80% of the memory free at the "
+                                          "first rollout. The model's own weights are never changed."})
     compact_finished_rows: bool = field(
         default=True, metadata={"help": "Drop finished rows from the decode batch and KV cache so they stop "
                                         "costing work (docs/algorithm.md §1). Changes the random stream versus "

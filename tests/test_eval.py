@@ -142,14 +142,20 @@ def test_tarpo_greedy_is_one_deterministic_sample_routed_by_the_routers_argmax(t
 
 
 @needs_data
-def test_an_evaluation_compiles_one_decode_graph_per_task(tiny, tmp_path):
+def test_an_evaluation_compiles_one_decode_graph_per_task(tiny, tmp_path, monkeypatch):
     """Each task decodes in one shape (its longest prompt, full chunks): at most one graph per task,
-    though chunks differ in prompt length and the last chunk is smaller."""
+    though chunks differ in prompt length and the last chunk is smaller; its decode weights are built once."""
     import torch
     from torch._dynamo.utils import counters
 
+    from tarpo.engine import functional_decoder
+
     torch._dynamo.reset()
     counters.clear()
+    built = []
+    monkeypatch.setattr(functional_decoder, "decoder_weights",
+                        lambda model, merge, build=functional_decoder.decoder_weights: built.append(merge)
+                        or build(model, merge))
     args = eval_args(tiny, tmp_path, "--engine", "compiled")
     args[args.index("--tasks") + 1] = "gsm8k,math500,amc23"
     args[args.index("--limit") + 1] = "5"  # chunks of 2, 2 and 1 questions
@@ -158,3 +164,4 @@ def test_an_evaluation_compiles_one_decode_graph_per_task(tiny, tmp_path):
     assert cli(args) == 0
     assert len(lines(tmp_path / "amc23.jsonl")) == 10
     assert 1 <= counters["stats"]["unique_graphs"] <= 3
+    assert built == ["all"]  # the decode weights built once for the 9 chunks: the model does not change

@@ -160,25 +160,60 @@ def _cast(p: Projection, dtype) -> Projection:
                                  for a, b, bb, s in p.lora))
 
 
+def _layer_projections(layer) -> tuple:
+    """One decoder layer's ``([q, k, v], o, [gate, up], down)`` as :class:`Projection` s (no copy)."""
+    return ([_projection(getattr(layer.self_attn, f"{n}_proj")) for n in "qkv"], _projection(layer.self_attn.o_proj),
+            [_projection(layer.mlp.gate_proj), _projection(layer.mlp.up_proj)], _projection(layer.mlp.down_proj))
+
+
+def _merges(merge: str, qkv, o, gate_up, down) -> tuple[bool, bool, bool, bool]:
+    """Whether q|k|v, o, gate|up and down are merged into copies at ``merge``: those the level covers (``all``:
+    every one; ``attention``: q|k|v and o) that carry LoRA, a group where any of its projections does. A copy of
+    weights without LoRA buys nothing measurable (gate|up as one matrix: 0.0-0.2% of the 3B's decode step on an
+    H100, docs/rollout-engines.md), so none is made."""
+    attention, mlp = merge in ("all", "attention"), merge == "all"
+    return (attention and any(p.lora for p in qkv), attention and bool(o.lora),
+            mlp and any(p.lora for p in gate_up), mlp and bool(down.lora))
+
+
 def _layer_weights(layer, merge: str, dtype) -> Layer:
     """One decoder layer's :class:`Layer` at merge level ``merge`` (``TarpoConfig.decode_merge``)."""
-    qkv = [_projection(getattr(layer.self_attn, f"{n}_proj")) for n in "qkv"]
-    o, gate_up, down = (_projection(layer.self_attn.o_proj), [_projection(layer.mlp.gate_proj),
-                        _projection(layer.mlp.up_proj)], _projection(layer.mlp.down_proj))
-    attention, mlp = merge in ("all", "attention"), merge == "all"
+    qkv, o, gate_up, down = parts = _layer_projections(layer)
+    m_qkv, m_o, m_gate_up, m_down = _merges(merge, *parts)
     return Layer(layer.input_layernorm.weight,
-                 _merged_group(qkv, dtype) if attention else _group(*(_cast(p, dtype) for p in qkv)),
-                 _merged(o, dtype) if attention else _cast(o, dtype), layer.post_attention_layernorm.weight,
-                 _merged_group(gate_up, dtype) if mlp else _group(*(_cast(p, dtype) for p in gate_up)),
-                 _merged(down, dtype) if mlp else _cast(down, dtype))
+                 _merged_group(qkv, dtype) if m_qkv else _group(*(_cast(p, dtype) for p in qkv)),
+                 _merged(o, dtype) if m_o else _cast(o, dtype), layer.post_attention_layernorm.weight,
+                 _merged_group(gate_up, dtype) if m_gate_up else _group(*(_cast(p, dtype) for p in gate_up)),
+                 _merged(down, dtype) if m_down else _cast(down, dtype))
+
+
+def _compute_dtype(base) -> torch.dtype:
+    """The dtype the compiled engine decodes in: the weights' 16-bit dtype, else fp32."""
+    embed = base.get_input_embeddings().weight
+    return embed.dtype if embed.dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def merged_bytes(model, merge: str) -> int:
+    """Bytes of the merged copies :func:`decoder_weights` makes at ``merge`` (the weights of what :func:`_merges`
+    merges, in the compute dtype; their biases and the adapter's cast matrices, well under 1% of it, left out):
+    what :func:`tarpo.engine.decode_weights.merge_level` weighs against the free memory."""
+    base = unwrap(model)
+    total = 0
+    for layer in base.get_decoder().layers:
+        qkv, o, gate_up, down = parts = _layer_projections(layer)
+        for group, on in zip((qkv, [o], gate_up, [down]), _merges(merge, *parts)):
+            total += sum(p.weight.numel() for p in group) if on else 0
+    return total * _compute_dtype(base).itemsize
 
 
 def decoder_weights(model, merge: str = "all") -> DecoderWeights:
     """The tensors of a Qwen2 or Llama causal LM (PEFT-wrapped or not, loaded by any backend), and the copies the
     compiled engine decodes with, in the compute dtype (the weights' 16-bit dtype, else fp32), built once per rollout:
 
-    - ``merge="all"``: q|k|v one matrix, gate|up one matrix, each with its LoRA merged in (``W + s B A`` summed in
-      fp32, rounded once); o and down merged where they carry LoRA, else the model's own: 4 products a layer;
+    - ``merge="all"``: every adapter merged: q|k|v one matrix and gate|up one matrix where any of them carries
+      LoRA, with it merged in (``W + s B A`` summed in fp32, rounded once); o and down merged where they carry LoRA;
+      what carries no LoRA keeps the model's own weights (no copy, :func:`_merges`): 4 products a layer with LoRA
+      on every linear layer, 5 with the paper's (q, k, v, o);
     - ``"attention"``: that for q|k|v and o; the MLP as ``"none"``;
     - ``"none"``: the model's own weights and the LoRA as an adapter, its matrices cast once (bit-identical to the
       cast autocast makes), grouped where projections share an input (:class:`Group`).
@@ -192,14 +227,22 @@ def decoder_weights(model, merge: str = "all") -> DecoderWeights:
         raise ValueError("the compiled engine has no sliding-window attention: use ENGINE=eager")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"the compiled engine's MLP is SwiGLU; hidden_act={config.hidden_act!r}")
-    embed = base.get_input_embeddings().weight
-    dtype = embed.dtype if embed.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    dtype = _compute_dtype(base)
     layers = tuple(_layer_weights(layer, merge, dtype) for layer in decoder.layers)
     inv_freq, scale = rotary_frequencies(config, decoder.norm.weight.device)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return DecoderWeights(layers, decoder.norm.weight, inv_freq, scale, float(config.rms_norm_eps), heads, kv_heads,
                           head_dim)
+
+
+def cache_bytes(model, batch: int, length: int) -> int:
+    """Bytes of :func:`new_cache` of ``model`` (keys and values of every layer in the compute dtype)."""
+    base = unwrap(model)
+    config = base.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (2 * config.num_hidden_layers * batch * config.num_key_value_heads * length * head_dim
+            * base.get_input_embeddings().weight.element_size())
 
 
 def new_cache(w: DecoderWeights, batch: int, length: int, dtype, device) -> tuple:

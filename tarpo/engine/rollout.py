@@ -67,13 +67,13 @@ class RolloutSpec:
     max_prompt_length: int | None = None  # the prompt budget its cache is sized for (None: this batch's prompts)
     batch_size: int | None = None         # rows it decodes; a smaller batch is padded (None: this batch's rows)
     engine: str = "eager"  # "eager" (the reference, any backbone), "compiled" (tarpo.engine.static_decode) or "auto"
-    decode_merge: str = "all"  # compiled engine: the LoRA merged into copies ("all", "attention") or not ("none")
+    decode_merge: str = default("decode_merge")  # compiled engine's decode weights (tarpo.engine.decode_weights)
 
     def __post_init__(self):
         check_engine(self.engine, "RolloutSpec.engine")
-        if self.decode_merge not in DECODE_MERGES[1:]:
+        if self.decode_merge not in DECODE_MERGES:
             raise ValueError(f"RolloutSpec.decode_merge={self.decode_merge!r}: must be one of "
-                             f"{', '.join(DECODE_MERGES[1:])}")
+                             f"{', '.join(DECODE_MERGES)}")
         routing_rule(self.routing, "RolloutSpec.routing")
         if (problem := sampling_problem(self)) is not None:  # the sampling settings' rule, TarpoConfig's
             name, why = problem
@@ -86,11 +86,10 @@ class RolloutSpec:
 
     @classmethod
     def from_config(cls, config, **overrides) -> "RolloutSpec":
-        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy", "engine", "batch_size", "decode_merge"}
+        names = {f.name for f in fields(cls)} - {"max_new_tokens", "greedy", "engine", "batch_size"}
         kwargs = {n: getattr(config, n) for n in names}
         kwargs["max_new_tokens"] = config.max_completion_length
         kwargs["engine"] = config.rollout_engine
-        kwargs["decode_merge"] = "all" if config.decode_merge == "auto" else config.decode_merge  # no plan: the most
         kwargs["min_p"] = (getattr(config, "generation_kwargs", None) or {}).get("min_p", config.min_p)  # TRL's way
         kwargs.update(overrides)
         return cls(**kwargs)

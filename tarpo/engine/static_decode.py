@@ -55,7 +55,7 @@ import os
 
 import torch
 
-from . import functional_decoder
+from . import decode_weights, functional_decoder
 from .backbone import positions_from_mask
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .step import DecodeContext, hybrid_step, new_state
@@ -306,8 +306,10 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     B = check_fits(spec, prompt_ids)
     T, E = spec.max_new_tokens, backbone.embed_weight
     # the model's own tensors, whichever backend, and the copies the rollout decodes with (the LoRA merged in)
-    weights = functional_decoder.decoder_weights(backbone.model, spec.decode_merge)
-    engine = DecodeBuffers(ctx, weights, B, cache_length(P, T, spec.max_prompt_length), device)
+    length = cache_length(P, T, spec.max_prompt_length)
+    level = decode_weights.merge_level(backbone.model, spec.decode_merge, B, length, device)
+    weights = decode_weights.decoder_weights(backbone.model, level)
+    engine = DecodeBuffers(ctx, weights, B, length, device)
     if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs
         fill = B - rows
         prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(fill, -1)])

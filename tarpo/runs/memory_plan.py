@@ -20,15 +20,15 @@ tokens: the 36 layers' checkpoints and the copies of the hidden state cost
 recomputed layer, ``4*w*d + 6*w*11008 + 4*16 = 148,544`` bytes a token (2.27 GiB), and one log-prob
 chunk, ``16 * 1024 * 151,936`` bytes (2.32 GiB): 5.23 GiB of activations, beside 5.75 GiB of
 weights. The rollout's peak holds the 4.5 GiB KV cache (64 rows x 2,048 positions x 36 layers x
-1 KiB) and 3.7 GiB of decode weights (the LoRA merged into copies of q|k|v, o and gate|up:
-:func:`decode_copy_elements`), released before training::
+1 KiB) and 0.6 GiB of decode weights (the LoRA merged into copies of q|k|v and o, the projections that carry
+it: :func:`decode_copy_elements`), released before training::
 
     >>> s = shapes_of(preset_config("qwen2.5-3b"), ["q_proj", "k_proj", "v_proj", "o_proj"], 32)
     >>> s.params, s.lora_params
     (3085938688, 14745600)
     >>> p = plan(s, Run(rows=64, prompt=1024, completion=1024), micro_batch=8)
     >>> round(p["rollout_gib"], 1), round(p["train_gib"], 1)
-    (19.2, 11.1)
+    (16.2, 11.1)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 
-from ..config import default
+from ..config import DECODE_MERGES, default
 
 GIB = 2 ** 30
 GPU_80GB = 79.1 * GIB      # what torch.cuda.mem_get_info reports as the total of an 80 GB A100/H100
@@ -82,7 +82,8 @@ class Run:
     optim_8bit: bool = True    # 8-bit AdamW: 2 bytes of moments per LoRA parameter, else 8
     chunk: int = default("logprob_chunk_size")
     full_kl: bool = False      # token_kl="full": a second fp32 [chunk, V] set for the reference
-    decode_merge: str = "all"  # the compiled engine's decode weights (TarpoConfig.decode_merge, not "auto")
+    decode_merge: str = default("decode_merge")  # the compiled engine's decode weights (TarpoConfig.decode_merge;
+    #                                               "auto" not yet chosen: planned at the most it may copy, "all")
     checkpointing: bool = True
     weight_bytes: int = 2      # bf16; 4 for an fp32 (CPU) run
     shards: int = 1            # FSDP2: the processes the parameters are sharded over (tarpo.training.sharding)
@@ -138,17 +139,21 @@ def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
 def decode_copy_elements(s: Shapes, merge: str, half: bool) -> int:
     """Elements of the copies the compiled engine decodes with at merge level ``merge``
     (:func:`tarpo.engine.functional_decoder.decoder_weights`), ``half``: 16-bit weights (the LoRA's fp32 matrices are
-    then cast; in fp32 only the grouped ones are copies). Merged: a group's one matrix (``sum out x in``, its biases
-    ``sum out`` where any projection has one), a lone projection's copy where it carries LoRA. Adapter: a group all
-    with LoRA stacks its ``A`` (``k r x in``) and block-diagonalises its ``B`` (``sum out x k r``); else each
-    projection's cast ``r (in + out)``.
+    then cast; in fp32 only the grouped ones are copies). Merged (a block that carries LoRA, at a level that merges
+    it): a group's one matrix (``sum out x in``, its biases ``sum out`` where any projection has one), a lone
+    projection's copy where it carries LoRA. Adapter: a group all with LoRA stacks its ``A`` (``k r x in``) and
+    block-diagonalises its ``B`` (``sum out x k r``); else each projection's cast ``r (in + out)``.
 
-    Qwen2.5-3B, LoRA on q/k/v/o, bf16: a layer's q|k|v with biases (2,560 x 2,048 + 2,560), o (2,048 x 2,048) and
-    gate|up (22,016 x 2,048) at ``all``, 36 layers; the adapter's cast matrices alone at ``none`` (GiB):
+    Qwen2.5-3B, bf16, 36 layers. LoRA on q/k/v/o (the paper's): a layer's q|k|v with biases (2,560 x 2,048 + 2,560)
+    and o (2,048 x 2,048) at ``all`` and ``attention`` (the MLP carries no LoRA: no copy), the adapter's cast
+    matrices alone at ``none``; LoRA on every linear layer: gate|up and down merged too at ``all`` (GiB):
 
     >>> s = shapes_of(preset_config("qwen2.5-3b"), ["q_proj", "k_proj", "v_proj", "o_proj"], 32)
     >>> [round(2 * decode_copy_elements(s, m, True) / GIB, 2) for m in ("all", "attention", "none")]
-    [3.66, 0.63, 0.04]
+    [0.63, 0.63, 0.04]
+    >>> s = shapes_of(preset_config("qwen2.5-3b"), [n for n, *_ in s.projections], 32)
+    >>> [round(2 * decode_copy_elements(s, m, True) / GIB, 2) for m in ("all", "attention", "none")]
+    [5.17, 0.76, 0.17]
     """
     p = {name: (i, o, bias) for name, i, o, bias in s.projections}
     r, lora = s.lora_r, set(s.lora_targets)
@@ -168,11 +173,15 @@ def decode_copy_elements(s: Shapes, merge: str, half: bool) -> int:
             return len(names) * r * (p[names[0]][0] + sum(p[n][1] for n in names))
         return sum(adapter_one(n) for n in names)
     qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
-    attention = (merged_group(qkv) + merged_one("o_proj") if merge in ("all", "attention")
-                 else adapter_group(qkv) + adapter_one("o_proj"))
-    mlp = (merged_group(gate_up) + merged_one("down_proj") if merge == "all"
-           else adapter_group(gate_up) + adapter_one("down_proj"))
-    return s.layers * (attention + mlp)
+    covered = {"all": {*qkv, "o_proj", *gate_up, "down_proj"}, "auto": {*qkv, "o_proj", *gate_up, "down_proj"},
+               "attention": {*qkv, "o_proj"}}.get(merge, set())
+
+    def group(names):  # merged where the level covers it and one of its projections carries LoRA
+        return merged_group(names) if lora & covered & set(names) else adapter_group(names)
+
+    def one(n):
+        return merged_one(n) if n in covered else adapter_one(n)
+    return s.layers * (group(qkv) + one("o_proj") + group(gate_up) + one("down_proj"))
 
 
 def cache_positions(run: Run) -> int:
@@ -275,7 +284,7 @@ def choose_decode_merge(s: Shapes, run: Run, usable: float, requested: str = "au
     rollout fits in ``usable`` bytes (none, if none does: the micro-batch's choice then says what does not fit)."""
     if requested != "auto" or run.engine != "compiled":
         return "all" if requested == "auto" else requested
-    return next((m for m in ("all", "attention") if sum(rollout_bytes(s, replace(run, decode_merge=m)).values())
+    return next((m for m in DECODE_MERGES[1:-1] if sum(rollout_bytes(s, replace(run, decode_merge=m)).values())
                  <= usable), "none")
 
 

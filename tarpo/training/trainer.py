@@ -28,6 +28,7 @@ a routing that uses it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -44,6 +45,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotat
 
 from ..config import TarpoConfig
 from ..engine.backbone import Backbone, unwrap
+from ..engine.decode_weights import weights_held
 from ..engine.engine_choice import EngineChooser, decoder_layers
 from ..engine.soft_input import soft_input_class
 from ..engine.precision import mixed_precision
@@ -82,6 +84,7 @@ class TarpoTrainer(GRPOTrainer):
             raise TypeError("args must be a TarpoConfig")
         trl_contract.refuse_unserved(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
         trl_contract.check_dataset(train_dataset)
+        trl_contract.refuse_quantized(model, quantization_config, args)
         if peft_config is None and args.use_peft and (isinstance(model, str) or not is_peft_model(model)):
             peft_config = lora_config(args)  # the paper's LoRA (TarpoConfig.lora_*); use_peft=False: full fine-tuning
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
@@ -135,6 +138,12 @@ class TarpoTrainer(GRPOTrainer):
         finally:  # on every way out, an exception included (the Trainer calls on_train_end only at the end)
             if self.stop_signal is not None:
                 self.stop_signal.restore()
+
+    def evaluate(self, *args, **kwargs):
+        """TRL's evaluation, the compiled engine's decode weights built once for it (the adapter does not change);
+        each rollout builds its own under FSDP2, whose gathered tensors are freed after it."""
+        with contextlib.nullcontext() if sharding.units(self.model) else weights_held():
+            return super().evaluate(*args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's contract, stated here so that no rewrite of the base class can bypass ``_compute_loss``."""

@@ -35,6 +35,23 @@ def refuse_unserved(**given) -> None:
             raise ValueError(f"TarpoTrainer({name}=...): not served: {UNSERVED[name]}")
 
 
+def refuse_quantized(model, quantization_config, args) -> None:
+    """A quantized model (a ``quantization_config`` given, in ``model_init_kwargs`` or in the model's config; a
+    quantized checkpoint's name or folder) is refused in one line, before it loads: the rollout decodes the weights
+    as plain 16-bit tensors (docs/gpu-path.md, "Quantized models"; the launchers refuse it the same way)."""
+    from ..models.quantized import check_not_quantized
+    given = quantization_config or (args.model_init_kwargs or {}).get("quantization_config")
+    if isinstance(model, str) and given is None:
+        return check_not_quantized(model, "TarpoTrainer(model=...)")
+    config = getattr(model, "config", None)
+    given = given or getattr(config, "quantization_config", None) or getattr(model, "is_quantized", False)
+    if given:
+        method = getattr(given, "quant_method", None) or (given.get("quant_method") if isinstance(given, dict)
+                                                          else None) or "quantization_config"
+        raise ValueError(f"TarpoTrainer: a quantized model ({method}); TARPO trains LoRA over 16-bit weights and "
+                         "rolls out over them: give the 16-bit model (docs/gpu-path.md, \"Quantized models\")")
+
+
 def is_streaming(dataset) -> bool:
     """A ``datasets.IterableDataset`` (no length: TRL trains it for ``max_steps``)."""
     import datasets

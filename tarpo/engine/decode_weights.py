@@ -1,0 +1,93 @@
+"""Which decode weights a compiled rollout uses, and how often they are built (``TarpoConfig.decode_merge``;
+docs/rollout-engines.md, "Decode weights").
+
+The compiled engine decodes with :func:`tarpo.engine.functional_decoder.decoder_weights` at a merge level: ``all``
+(every adapter merged into a copy of the block that carries it), ``attention`` (the attention block's only) or
+``none`` (the LoRA applied as an adapter, no copy). A block without LoRA is never copied. On an H100 the merge saves
+about 1 ms of the 3B's 5-7 ms decode step at batch 64 for each block that carries LoRA (docs/gpu/2026-11-28-*.md).
+
+- **The level.** A run the launcher planned has its level chosen by the memory plan
+  (:func:`tarpo.runs.memory_plan.choose_decode_merge`). Without a plan (``auto`` reaching the engine: a
+  ``TarpoTrainer`` user's run, ``tarpo eval``) :func:`merge_level` takes the first level whose copies and KV cache
+  fit in :data:`FREE_SHARE` of the memory free at the model's first compiled rollout, and keeps that level for the
+  model (one compiled graph).
+- **Built once per evaluation.** Within :func:`weights_held` the weights of a model are built at its first rollout
+  and reused: evaluation's chunks all decode the same adapter. Training builds them every rollout (the adapter
+  changes every optimizer step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+
+import torch
+
+from ..config import DECODE_MERGES
+from . import functional_decoder
+from .backbone import unwrap
+
+logger = logging.getLogger(__name__)
+
+LEVELS = DECODE_MERGES[1:]  # all, attention, none: the most copies first (TarpoConfig.decode_merge without auto)
+FREE_SHARE = 0.8  # of the free memory, for the copies and the KV cache: the rest for the step's own tensors
+_chosen: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()  # model -> auto's level
+_held: dict | None = None  # while weights_held(): (id(model), level) -> (model, weights)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free for a rollout on ``device``: CUDA's free memory plus what torch's allocator holds unused; the
+    CPU's available memory (``MemAvailable``); None where neither can be read."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def merge_level(model, requested: str, batch: int, length: int, device: torch.device) -> str:
+    """The level a compiled rollout of ``model`` (``batch`` rows, a cache of ``length`` positions) decodes at:
+    ``requested``, or for ``auto`` the level chosen at the model's first such rollout and kept: the first of
+    :data:`LEVELS` whose copies (:func:`tarpo.engine.functional_decoder.merged_bytes`) and KV cache fit in
+    :data:`FREE_SHARE` of :func:`free_bytes` (``all`` where the free memory is unknown)."""
+    if requested != "auto":
+        return requested
+    base = unwrap(model)
+    if base in _chosen:
+        return _chosen[base]
+    free, cache = free_bytes(device), functional_decoder.cache_bytes(model, batch, length)
+    level = LEVELS[0] if free is None else next(
+        (m for m in LEVELS[:-1] if functional_decoder.merged_bytes(model, m) + cache <= FREE_SHARE * free), LEVELS[-1])
+    logger.info("decode_merge=auto: %s (copies %.2f GiB, KV cache %.2f GiB, free %s)", level,
+                functional_decoder.merged_bytes(model, level) / 2 ** 30, cache / 2 ** 30,
+                "unknown" if free is None else f"{free / 2 ** 30:.1f} GiB")
+    _chosen[base] = level
+    return level
+
+
+@contextlib.contextmanager
+def weights_held():
+    """Within this block each model's decode weights are built once (at its first compiled rollout) and reused: for
+    an evaluation, whose weights do not change between its chunks. Not for a sharded (FSDP2) model: its gathered
+    tensors are freed after each rollout."""
+    global _held
+    outer, _held = _held, ({} if _held is None else _held)
+    try:
+        yield
+    finally:
+        _held = outer
+
+
+def decoder_weights(model, level: str):
+    """:func:`tarpo.engine.functional_decoder.decoder_weights` at ``level``, built once per model within
+    :func:`weights_held`, else every call."""
+    if _held is None:
+        return functional_decoder.decoder_weights(model, level)
+    key = (id(model), level)
+    if key not in _held:
+        _held[key] = (model, functional_decoder.decoder_weights(model, level))
+    return _held[key][1]
