@@ -271,6 +271,10 @@ class TarpoConfig(GRPOConfig):
     def __post_init__(self):
         self.optim = resolve_optimizer(str(getattr(self.optim, "value", self.optim)))
         self.dataloader_pin_memory &= torch.cuda.is_available()  # pinned memory needs a GPU (torch warns without)
+        if self.fp16:  # before transformers' checks of the device: tarpo.training.nonfinite would count the scaler's
+            raise ValueError("TarpoConfig.fp16=True: not served: the loss scaler's own overflow steps would be "
+                             "skipped and counted as non-finite steps (three in a row stop the run); use bf16 (the "
+                             "paper's) or fp32")
         super().__post_init__()  # TRL checks generation_batch_size % num_generations, num_generations >= 2
         self.validate_tarpo()
 

@@ -197,3 +197,25 @@ def test_the_guard_reads_the_device_once_a_step_and_never_per_micro_batch(tokeni
         trainer.train()
     guard = {where: n for where, n in syncs.where.items() if "nonfinite.py" in where}
     assert sum(guard.values()) == 4 and len(guard) == 1, guard
+
+
+def test_a_steps_host_reads_do_not_grow_with_its_micro_batches(tokenizer, tmp_path):
+    """The whole training step's host reads in the training code (tarpo/training/, tarpo/losses.py: the rollout's
+    metrics, the loss, its figures, the guard) are the same for a step of 2 micro-batches of 4 rows and one of 4
+    micro-batches of 2, but for the training forward's selection of its completion steps: the loss's figures (drift
+    tails, kl, clip ratios, the objective's terms) are read once a step (metrics.LossFigures), none per
+    micro-batch (before: one read a figure a micro-batch, 60 more here)."""
+    from syncs import HostSyncs
+
+    counts = {}
+    for rows, accumulation in ((4, 2), (2, 4)):
+        trainer = trainer_of(tokenizer, tmp_path / str(rows), max_steps=2, per_device_train_batch_size=rows,
+                             gradient_accumulation_steps=accumulation)
+        with HostSyncs() as syncs:
+            trainer.train()
+        counts[accumulation] = {w: n for w, n in syncs.where.items() if "training/" in w or "losses.py" in w}
+        assert sum("logp_drift_p99" in h for h in trainer.state.log_history) == 2  # one a step
+    grown = {w: (n, counts[2].get(w)) for w, n in counts[4].items() if n != counts[2].get(w)}
+    # what does grow: the training forward's selection of the completion steps (training/scoring.py), which runs
+    # the vocabulary-wide head over those steps only (a read a micro-batch that saves the padding's products)
+    assert grown and all("training/scoring.py" in w for w in grown), grown

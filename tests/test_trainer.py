@@ -251,9 +251,10 @@ def test_engine_choice_on_the_cpu_weighs_the_compile_against_the_decode_time_it_
 def test_a_cuda_run_logs_its_memory_peaks_scoring_time_and_the_drifts_tails(tokenizer, tmp_path, monkeypatch):
     """What a GPU run logs (tarpo.training.callbacks.StepResources), with CPU stand-ins for CUDA's memory calls: an
     allocator whose peak the rollout raises to 3 GiB and the training forward to 5 GiB, reserved 1 GiB above. The
-    rollout's own peak is read just after the rollout (3, not the step's 5); the step's allocated and reserved peaks
-    at its end; ``time_scoring`` times each training forward between two synchronisations. Two micro-batches a
-    step: ``logp_drift_max`` logs the step's largest micro-batch maximum, ``logp_drift`` their mean."""
+    rollout's own peak is read just after the rollout (3, not the step's 5), an evaluation's after training too;
+    the step's allocated and reserved peaks at its end; ``time_scoring`` times each training forward between two
+    synchronisations. Two micro-batches a step: ``logp_drift_max`` logs the step's largest micro-batch maximum,
+    ``logp_drift`` their mean."""
     from tarpo.models.tiny import tiny_causal_lm
     from tarpo.training import callbacks, trainer as trainer_module
 
@@ -296,3 +297,5 @@ def test_a_cuda_run_logs_its_memory_peaks_scoring_time_and_the_drifts_tails(toke
         assert log["logp_drift"] == pytest.approx(sum(drift_mean[2 * i:2 * i + 2]) / 2, rel=1e-6)
         assert 0 <= log["logp_drift_p99"] <= log["logp_drift_max"] and 0 <= log["logp_drift_frac_over_0.1"] <= 1
     assert len(syncs) == 2 * 2 + 2 * 4  # each step's two ends, each training forward's two ends: no other
+    # an evaluation after the steps: its rollout's own peak (before: the last training step's 5 GiB, never set back)
+    assert trainer.evaluate(make_dataset())["eval_memory/rollout_peak_gib"] == 3.0  # exact: the stand-ins' values

@@ -261,3 +261,13 @@ def test_chat_template_kwargs_reach_the_chat_template():
     prompt = [[{"role": "user", "content": "hi"}]]
     plain, loud = (encode_prompts(tok, prompt, 50, template_kwargs=kw)[0] for kw in (None, {"shout": True}))
     assert tok.decode(plain[0]) == "hi" and tok.decode(loud[0]) == "hi!"
+
+
+def test_a_grpo_config_and_fp16_are_refused_saying_what_to_do(model_dir, tmp_path):
+    """A GRPOConfig as args: one line naming the swap (the docs say a script runs with both classes swapped);
+    fp16: refused with why (the scaler's overflow steps would be counted as non-finite steps; before: accepted)."""
+    with pytest.raises(TypeError, match=r"^args must be a TarpoConfig .* not GRPOConfig: swap GRPOConfig for Tarpo"):
+        TarpoTrainer(model_dir, codes, train_dataset=standard(),
+                     args=GRPOConfig(output_dir=str(tmp_path / "g"), report_to="none", use_cpu=True, bf16=False))
+    with pytest.raises(ValueError, match=r"^TarpoConfig.fp16=True: not served: the loss scaler's own overflow"):
+        TarpoConfig(output_dir=str(tmp_path / "f"), fp16=True)

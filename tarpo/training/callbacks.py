@@ -91,9 +91,10 @@ class StepResources(TrainerCallback):
     - on CUDA, ``memory/peak_gib`` and ``memory/peak_reserved_gib``: the peaks of
       ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` during the step (set back at its start; the
       reserved peak is what the allocator held, fragmentation included: what ``nvidia-smi`` sees, less the CUDA
-      context), and ``memory/rollout_peak_gib``: the allocated peak read just after the step's rollout
-      (:meth:`rollout_ended`), which comes first in a step, so it is the rollout's own peak (compare each with
-      the run's memory plan in launch_config.json, docs/memory-plan.md);
+      context), and ``memory/rollout_peak_gib``: the rollout's own allocated peak, the allocator's peak set back
+      when the rollout starts (:meth:`rollout_started`, the peak so far kept for the step's) and read when it ends
+      (:meth:`rollout_ended`), an evaluation's rollout's alike (in its ``eval_`` metrics); compare each with the
+      run's memory plan in launch_config.json, docs/memory-plan.md;
     - ``hooks/forward``: :func:`forward_hook_count` at the step's end.
 
     It writes into the trainer's metrics of the step (``metrics``: TRL's ``_metrics["train"]``, averaged
@@ -102,12 +103,26 @@ class StepResources(TrainerCallback):
 
     def __init__(self, metrics, model_fn):
         self.metrics, self.model_fn, self.started = metrics, model_fn, None
+        self.peaks = (0, 0)  # allocated and reserved peaks of the step before its last rollout started
 
     def on_step_begin(self, args, state, control, **kwargs):
         if cuda_in_use():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        self.started = time.perf_counter()
+        self.started, self.peaks = time.perf_counter(), (0, 0)
+
+    def _read_peaks(self) -> tuple[int, int]:
+        """The step's allocated and reserved peaks so far: those kept at its rollouts' starts and the allocator's."""
+        return (max(self.peaks[0], torch.cuda.max_memory_allocated()),
+                max(self.peaks[1], torch.cuda.max_memory_reserved()))
+
+    def rollout_started(self) -> None:
+        """Called by the trainer just before a rollout (CUDA only): the peaks so far kept for the step's, the
+        allocator's set back, so that the rollout's peak is its own (after a step's micro-batches, or a step's
+        whole training before an evaluation)."""
+        if cuda_in_use():
+            self.peaks = self._read_peaks()
+            torch.cuda.reset_peak_memory_stats()
 
     def rollout_ended(self, metrics) -> None:
         """Called by the trainer just after a rollout: ``memory/rollout_peak_gib`` (CUDA only)."""
@@ -138,8 +153,9 @@ class StepResources(TrainerCallback):
             torch.cuda.synchronize()
         self.metrics["timing/step_s"].append(time.perf_counter() - self.started)
         if cuda:
-            self.metrics["memory/peak_gib"].append(torch.cuda.max_memory_allocated() / 2**30)
-            self.metrics["memory/peak_reserved_gib"].append(torch.cuda.max_memory_reserved() / 2**30)
+            allocated, reserved = self._read_peaks()
+            self.metrics["memory/peak_gib"].append(allocated / 2**30)
+            self.metrics["memory/peak_reserved_gib"].append(reserved / 2**30)
         self.metrics["hooks/forward"].append(float(forward_hook_count(self.model_fn())))
         self.started = None
 

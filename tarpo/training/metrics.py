@@ -87,6 +87,48 @@ def flush_reward_logs(trainer, mode: str, rows: int) -> None:
     pending.clear()
 
 
+class LossFigures:
+    """The loss step's figures (:func:`tarpo.training.objective.rollout_loss`'s terms: the objective's, the
+    importance-sampling statistics, the drift, ``kl``; :func:`loss_type_metrics`'s clip ratios), kept on the device
+    and read once a step. Each micro-batch's figures are gathered over the processes in one collective and reduced
+    there (the minimum for ``*_min``, the maximum for ``*_max``, else the mean); :meth:`flush` reads every pending
+    micro-batch's at once, one host read, into TRL's ``_metrics`` (one value a micro-batch, as TRL logs): at the
+    optimizer step in training, at the log in an evaluation. ``logp_drift_p99`` is one value a step: the 99th
+    percentile of the drift over all the step's completion steps on each process (with several processes, the
+    largest of theirs), where a mean of per-micro-batch percentiles would be no percentile of anything."""
+
+    def __init__(self, gather):
+        self.gather = gather  # a tensor [n] -> every process's, [processes * n] (accelerate's gather)
+        self.pending = {"train": [], "eval": []}  # (names, reduced values [n]) a micro-batch
+        self.drifts = {"train": [], "eval": []}   # a micro-batch's |delta log p| [B * T], NaN off its steps
+
+    def add(self, mode: str, terms: dict, drift: torch.Tensor) -> None:
+        """A micro-batch's ``terms`` (0-dim tensors) and its drift (:func:`logp_drift`'s ``diff``): no host read."""
+        names = tuple(terms)
+        every = self.gather(torch.stack([terms[n].detach().float().reshape(()) for n in names])[None])
+        every = every.reshape(-1, len(names))
+        reduced = torch.stack([every[:, i].min() if n.endswith("_min") else every[:, i].max() if n.endswith("_max")
+                               else every[:, i].mean() for i, n in enumerate(names)])
+        self.pending[mode].append((names, reduced))
+        self.drifts[mode].append(drift.detach().float().flatten())
+
+    def flush(self, mode: str, metrics) -> None:
+        """Every pending figure of ``mode`` into ``metrics`` (TRL's ``_metrics[mode]``): the one host read."""
+        entries, drifts = self.pending[mode], self.drifts[mode]
+        if not entries:
+            return
+        p99 = self.gather(torch.nanquantile(torch.cat(drifts), 0.99)[None]).max()
+        values = torch.cat([v for _, v in entries] + [p99[None]]).tolist()
+        at = 0
+        for names, _ in entries:
+            for name in names:
+                metrics[name].append(values[at])
+                at += 1
+        metrics["logp_drift_p99"].append(values[at])
+        entries.clear()
+        drifts.clear()
+
+
 DRIFT_OVER = 0.1  # |delta log p| counted by ``logp_drift_frac_over_0.1``
 
 

@@ -80,8 +80,9 @@ class TarpoTrainer(GRPOTrainer):
         """GRPOTrainer's parameters in its order and with its defaults (tarpo.training.trl_contract), and
         ``router``: the router to train (a new one, :func:`tarpo.models.loading.new_router`, by default)."""
         args = trl_contract.default_args(model) if args is None else args
-        if not isinstance(args, TarpoConfig):
-            raise TypeError("args must be a TarpoConfig")
+        if not isinstance(args, TarpoConfig):  # TARPO's own fields (routing, router, ...) have no place in another
+            raise TypeError(f"args must be a TarpoConfig (TRL's GRPOConfig with TARPO's fields), not "
+                            f"{type(args).__name__}: swap GRPOConfig for TarpoConfig as GRPOTrainer for TarpoTrainer")
         trl_contract.refuse_unserved(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
         trl_contract.check_dataset(train_dataset)
         trl_contract.refuse_quantized(model, quantization_config, args)
@@ -113,6 +114,7 @@ class TarpoTrainer(GRPOTrainer):
         if args.rule.soft.trained:  # a submodule of the policy, so that DDP / FSDP2 see its parameters
             base.tarpo_soft_input = self.soft_input.to(self.accelerator.device)
         self._seed_step, self._seed_index = None, 0
+        self._loss_figures = metrics.LossFigures(self.accelerator.gather)
         self._resources = StepResources(self._metrics["train"], lambda: self.model)  # timing/, memory/, hooks/
         self.add_callback(self._resources)
         self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps)  # a non-finite step is skipped, counted
@@ -198,6 +200,7 @@ class TarpoTrainer(GRPOTrainer):
         # a row draws the same on any number of processes, with either engine, after a resume.
         rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
         started = time.perf_counter()
+        self._resources.rollout_started()  # memory/rollout_peak_gib: the rollout's own
         spec = replace(spec, engine=self.engine.next(device.type == "cuda"))
         # sharded (FSDP2): the whole model gathered for the rollout, each rank decoding alone (tarpo.training.sharding)
         with sharding.gathered(model), checkpointing_paused(model):
@@ -254,10 +257,9 @@ class TarpoTrainer(GRPOTrainer):
         accumulated = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if mode == "train":  # an evaluation's loss never decides a training step
             self.nonfinite.observe_loss(loss)
-        for name, value in terms.items():  # a minimum and a maximum over the processes, else the mean
-            value = self.accelerator.gather(value[None])
-            value = value.min() if name.endswith("_min") else value.max() if name.endswith("_max") else value.mean()
-            self._metrics[mode][name].append(value.item())
+        terms.pop("logp_drift_p99")  # one a step, over all its micro-batches (LossFigures)
+        drift = torch.where(rollout.completion_mask, (scores.logp_tok.detach() - rollout.logp).abs(), float("nan"))
+        self._loss_figures.add(mode, terms, drift)  # read once a step (flushed at the optimizer step, the log)
         return loss / accumulated
 
     def _scores(self, model, rollout: Rollout) -> dict:
@@ -281,13 +283,15 @@ class TarpoTrainer(GRPOTrainer):
         grad_norm = super()._get_grad_norm(model, grad_norm)
         full = getattr(grad_norm, "full_tensor", None)  # FSDP2: the norm as a DTensor
         self.nonfinite.step_is_finite(full() if full is not None else grad_norm, self)
+        self._loss_figures.flush("train", self._metrics["train"])  # the step's figures: one host read
         return grad_norm
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's, except that the project's own ``*_max`` (``*_min``) metrics and the run's count
         ``nonfinite_steps`` log the largest (smallest) value of the logged steps' micro-batches, where TRL averages
         every metric over them (TRL's own ``clip_ratio/high_max`` keeps TRL's meaning)."""
-        for step_metrics in self._metrics.values():
+        for mode, step_metrics in self._metrics.items():
+            self._loss_figures.flush(mode, step_metrics)  # an evaluation's (training's are flushed at each step)
             for name, values in step_metrics.items():
                 finite = [v for v in values if v == v]  # NaN left out, as TRL's average leaves it out
                 own = name.startswith(("logp_drift", "importance_sampling/")) and name.endswith(("_max", "_min"))
