@@ -4,7 +4,6 @@ otherwise, and the three evaluations (``tarpo eval``, ``tarpo case``, the demo) 
 constructor (tarpo.evaluation.system.rollout_spec)."""
 
 import json
-import os
 
 import datasets
 import pytest
@@ -90,9 +89,34 @@ def test_a_damaged_settings_file_is_refused_naming_it(entropy_run, tmp_path, cap
     assert named in capsys.readouterr().err
 
 
-def test_the_three_evaluations_build_their_rollout_settings_with_one_constructor():
-    """tarpo eval (a trajectory file's settings), tarpo case and the demo: tarpo.evaluation.system.rollout_spec."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for path in ("tarpo/evaluation/pipeline.py", "tarpo/evaluation/case_study.py", "tarpo/runs/demo.py"):
-        source = open(os.path.join(root, path)).read()
-        assert "rollout_spec(" in source and "RolloutSpec(" not in source, path
+def test_the_three_evaluations_decode_with_the_same_settings(entropy_run, tmp_path, monkeypatch):
+    """tarpo eval, tarpo case and the demo's evaluation, given the same new tokens and temperature, hand ``sample``
+    the same rollout settings (one constructor, tarpo.evaluation.system.rollout_spec: every other field at
+    TarpoConfig's default), but for what each sets by design: eval's per-task shape, case's run settings."""
+    import argparse
+    import dataclasses
+
+    from tarpo.evaluation import case_study, pipeline
+    from tarpo.runs import demo
+
+    specs = {}
+    for name, module in (("eval", pipeline), ("case", case_study), ("demo", demo)):
+        original = module.sample
+        monkeypatch.setattr(module, "sample", lambda system, examples, n, spec, *a, _name=name, _f=original, **kw:
+                            specs.setdefault(_name, spec) and _f(system, examples, n, spec, *a, **kw))
+    model, adapter, data = str(entropy_run / "model"), str(entropy_run / "adapter"), questions(tmp_path)
+    assert cli(["eval", "--model", model, "--adapter", adapter, "--mode", "cot", "--tasks", "gsm8k", "--data-dir",
+                data, "--n", "2", "--max-new-tokens", "4", "--temperature", "0.7", "--engine", "eager",
+                "--out", str(tmp_path / "eval")]) == 0
+    assert cli(["case", "--model", model, "--adapter", adapter, "--mode", "cot", "--task", "gsm8k", "--data-dir", data,
+                "--ids", "0", "--n", "2", "--max-new-tokens", "4", "--temperature", "0.7",
+                "--out", str(tmp_path / "c.html")]) == 0
+    demo.evaluate_system("cot", model, None, argparse.Namespace(
+        max_new_tokens=4, temperature=0.7, eval_questions=1, eval_n=2, seed=0, out=str(tmp_path)))
+    by_design = {"batch_size", "max_prompt_length", "engine", "routing", "entropy_threshold", "entropy_soft_when",
+                 "entropy_temperature"}
+    views = {name: {k: v for k, v in dataclasses.asdict(spec).items() if k not in by_design}
+             for name, spec in specs.items()}
+    assert set(views) == {"eval", "case", "demo"}
+    assert views["eval"] == views["case"] == views["demo"], views
+    assert views["demo"]["temperature"] == 0.7 and views["demo"]["soft_top_k"] == default("soft_top_k")

@@ -79,21 +79,43 @@ def test_one_nan_training_forward_skips_its_step_and_every_trained_tensor_stays_
 
 
 def test_one_nan_step_leaves_the_parameters_and_the_optimizer_as_they_were(tokenizer, tmp_path, monkeypatch):
-    """The skipped step changes no parameter and no optimizer state: the run with step 1 skipped ends where a
-    3-step run from the same start, on the same data, ends."""
+    """The skipped step changes no parameter and no optimizer state: the run with step 1 skipped ends where one
+    update from the same start with step 2's gradients ends, made by a fresh optimizer of the same kind and
+    settings (a step 1 that had written anything, its moments or its step count, would move that end)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
     nan_forwards(monkeypatch, {1})
     skipped = trainer_of(tokenizer, tmp_path / "a", max_steps=2, lr_scheduler_type="constant", warmup_steps=0)
-    before = {n: p.detach().clone() for n, p in skipped.model.named_parameters() if p.requires_grad}
-    seen = []
-    at_step_end(monkeypatch, skipped, lambda: seen.append(
-        {n: p.detach().clone() for n, p in skipped.model.named_parameters() if p.requires_grad}))
-    skipped.train()
+    trained = {n: p for n, p in skipped.model.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in trained.items()}
+    seen, grads = [], []
+    at_step_end(monkeypatch, skipped, lambda: seen.append({n: p.detach().clone() for n, p in trained.items()}))
+    hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: grads.append(
+        {n: None if p.grad is None else p.grad.clone() for n, p in trained.items()}))
+    try:
+        skipped.train()
+    finally:
+        hook.remove()
     # exact: a skipped step writes nothing
     assert all(torch.equal(seen[0][n], before[n]) for n in before)
     # exact: any change at all counts as trained
     assert all(not torch.equal(seen[1][n], before[n]) for n in before)
     state = skipped.optimizer.state
     assert state and all(int(s["step"]) == 1 for s in state.values())  # one update, not two
+    # the same end from one update of a fresh optimizer with step 2's gradients
+    optimizer = skipped.optimizer.optimizer if hasattr(skipped.optimizer, "optimizer") else skipped.optimizer
+    index = {id(p): n for n, p in trained.items()}
+    start = {n: before[n].clone().requires_grad_(True) for n in before}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [start[index[id(p)]] for p in g["params"]]}
+              for g in optimizer.param_groups]
+    fresh = type(optimizer)(groups)
+    last = grads[-1]
+    assert all(g is not None for g in last.values())
+    for n, p in start.items():
+        p.grad = last[n]
+    fresh.step()
+    for n in before:  # tolerance: the same optimizer on the same numbers; 1e-7 for a fused or foreach kernel's order
+        torch.testing.assert_close(start[n].detach(), seen[1][n], rtol=0, atol=1e-7)
 
 
 def test_a_nan_evaluation_forward_neither_skips_nor_counts_a_training_step(tokenizer, tmp_path, monkeypatch):

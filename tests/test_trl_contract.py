@@ -86,28 +86,56 @@ def trains_every_parameter(trainer):
     return [h for h in trainer.state.log_history if "loss" in h]
 
 
+LR = dict(learning_rate=0.02)  # steps large enough that a clip, a mask or a correction of the ratio binds
 SCENARIOS = {
     "standard": {}, "conversational": {}, "full-fine-tuning": dict(use_peft=False),
-    "min_p": dict(min_p=0.1), "generation_kwargs": dict(generation_kwargs={"min_p": 0.1}),
-    "chat_template_kwargs": dict(chat_template_kwargs={"add_special": False}),
+    "min_p": dict(min_p=0.95), "generation_kwargs": dict(generation_kwargs={"min_p": 0.95}),
+    "chat_template_kwargs": dict(chat_template_kwargs={"shout": True}),
     "normalize_then_sum": dict(multi_objective_aggregation="normalize_then_sum"),
-    "delta": dict(delta=1.5, num_iterations=2), "off_policy_mask": dict(off_policy_mask_threshold=0.5,
-                                                                        num_iterations=2),
-    "bias_correction_kl": dict(beta=0.04, use_bias_correction_kl=True), "entropy_coef": dict(entropy_coef=0.01),
-    "luspo": dict(loss_type="luspo"), "vespo": dict(loss_type="vespo"),
+    "delta": dict(delta=1.01, num_iterations=2, **LR),
+    "off_policy_mask": dict(off_policy_mask_threshold=1e-6, num_iterations=2, **LR),
+    "bias_correction_kl": dict(beta=0.04, use_bias_correction_kl=True, **LR), "entropy_coef": dict(entropy_coef=0.01),
+    "luspo": dict(loss_type="luspo"), "vespo": dict(loss_type="vespo", num_iterations=2, **LR),
     "log_completions": dict(log_completions=True), "sync_ref_model": dict(use_peft=False, beta=0.04,
                                                                           sync_ref_model=True, ref_model_sync_steps=1),
 }
+# the run each scenario's option is compared with: the same settings without it (absent: the option changes what is
+# logged or the set of trained tensors, checked below, not the training of the same tensors)
+BASELINES = {"min_p": {}, "generation_kwargs": {}, "chat_template_kwargs": {}, "normalize_then_sum": {},
+             "delta": dict(num_iterations=2, **LR), "off_policy_mask": dict(num_iterations=2, **LR),
+             "bias_correction_kl": dict(beta=0.04, use_bias_correction_kl=False, **LR),  # TRL's default is on
+             "entropy_coef": {}, "luspo": {}, "vespo": dict(num_iterations=2, **LR)}
+
+
+def trained_end(trainer) -> dict:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def shouting_tokenizer(model_dir):
+    """The model's tokenizer with a chat template that reads a template argument (``shout``)."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!{% endif %}"
+    return tok
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_a_trl_training_scenario_trains_every_parameter(model_dir, tmp_path, scenario):
     """The model given by its folder's name and no processing_class (TRL loads both), TRL's defaults, two reward
-    functions; each scenario one of TRL's fields this trainer now honours."""
+    functions; each scenario one of TRL's fields this trainer now honours, and each field acts: the run ends
+    elsewhere than the same run without it (an ignored option would end at the same parameters)."""
     data = conversational() if scenario in ("conversational", "chat_template_kwargs") else standard()
     args = config(tmp_path, **SCENARIOS[scenario])
-    trainer = TarpoTrainer(model_dir, [codes, length], args=args, train_dataset=data)
+    tok = shouting_tokenizer(model_dir) if scenario == "chat_template_kwargs" else None
+    trainer = TarpoTrainer(model_dir, [codes, length], args=args, train_dataset=data, processing_class=tok)
     logs = trains_every_parameter(trainer)
+    if scenario in BASELINES:
+        baseline = TarpoTrainer(model_dir, [codes, length], args=config(tmp_path / "base", **BASELINES[scenario]),
+                                train_dataset=data, processing_class=tok)
+        baseline.train()
+        end, other = trained_end(trainer), trained_end(baseline)
+        # exact: any difference at all shows the option acted
+        assert any(not torch.equal(end[n], other[n]) for n in end), f"{scenario}: the same end without it"
     ratio = "vespo/phi_seq_mean" if args.loss_type == "vespo" else "clip_ratio/region_mean"
     assert len(logs) == 2 and {"completions/mean_length", "completions/max_terminated_length", "rewards/codes/std",
                                ratio} <= set(logs[0])
