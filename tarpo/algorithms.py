@@ -142,19 +142,23 @@ MODES = {m.name: m for m in (
 )}
 
 
-RULE_SETTINGS = "routing_settings.json"  # beside a saved adapter: the rule it was trained with and its own settings
+RULE_SETTINGS = "routing_settings.json"  # beside a saved adapter: the rule it was trained with, its own settings and
+#                                          the chat template's arguments (chat_template_kwargs) where the run had any
 
 
 def rule_settings(config) -> dict:
     """What a trained adapter keeps of its run's routing (:data:`RULE_SETTINGS`): the rule's name and its own settings
-    (``Routing.settings``), which evaluation decodes with unless told otherwise (``tarpo eval``, ``tarpo case``).
+    (``Routing.settings``), which evaluation decodes with unless told otherwise (``tarpo eval``, ``tarpo case``), and
+    TRL's ``chat_template_kwargs`` where the run set any (evaluation's prompts are templated as training's were).
 
         >>> from types import SimpleNamespace as NS
         >>> rule_settings(NS(routing="entropy", entropy_threshold=0.7, entropy_temperature=1.0,
         ...                  entropy_soft_when="high"))
         {'routing': 'entropy', 'entropy_threshold': 0.7, 'entropy_temperature': 1.0, 'entropy_soft_when': 'high'}
     """
-    return {"routing": config.routing, **{name: getattr(config, name) for name in ROUTINGS[config.routing].settings}}
+    template = getattr(config, "chat_template_kwargs", None)
+    return {"routing": config.routing, **{name: getattr(config, name) for name in ROUTINGS[config.routing].settings},
+            **({"chat_template_kwargs": dict(template)} if template else {})}
 
 
 def routing_rule(name: str, setting: str = "routing") -> Routing:

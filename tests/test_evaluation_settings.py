@@ -120,3 +120,34 @@ def test_the_three_evaluations_decode_with_the_same_settings(entropy_run, tmp_pa
     assert set(views) == {"eval", "case", "demo"}
     assert views["eval"] == views["case"] == views["demo"], views
     assert views["demo"]["temperature"] == 0.7 and views["demo"]["soft_top_k"] == default("soft_top_k")
+
+
+def test_the_runs_chat_template_arguments_template_the_evaluations_prompts(tmp_path, monkeypatch):
+    """A run trained with chat_template_kwargs saves them beside its adapter, and evaluation templates its prompts
+    with them (before: training's prompts ended "!" and evaluation's did not)."""
+    from tarpo.evaluation import sample as sample_module
+    from tarpo.evaluation.system import load_system
+
+    tok = char_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if shout %}!{% endif %}"
+    tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    args = TarpoConfig(output_dir=str(tmp_path / "run"), routing="hard", per_device_train_batch_size=2,
+                       num_generations=2, max_completion_length=4, max_steps=1, report_to="none",
+                       save_strategy="no", bf16=False, lora_r=4, lora_alpha=8, chat_template_kwargs={"shout": True})
+    data = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}] * 2)
+    trainer = TarpoTrainer(str(tmp_path / "model"), lambda completions, **kw: [0.0, 1.0], args=args,
+                           train_dataset=data)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "adapter"))
+    saved = json.loads((tmp_path / "adapter" / "routing_settings.json").read_text())
+    assert saved["chat_template_kwargs"] == {"shout": True}
+    system = load_system(str(tmp_path / "model"), str(tmp_path / "adapter"), "cot", device="cpu")
+    prompts = []
+    generate = sample_module.hybrid_generate
+    monkeypatch.setattr(sample_module, "hybrid_generate", lambda policy, ids, mask, spec, **kw: prompts.append(
+        ids) or generate(policy, ids, mask, spec, **kw))
+    from tarpo.engine.rollout import RolloutSpec
+    sample_module.sample(system, [{"id": "0", "prompt": [{"role": "user", "content": "hi"}]}], 2,
+                         RolloutSpec(max_new_tokens=2), max_prompt_length=16)
+    assert tok.decode(prompts[0][0], skip_special_tokens=True).endswith("hi!")

@@ -299,3 +299,15 @@ def test_a_grpo_config_and_fp16_are_refused_saying_what_to_do(model_dir, tmp_pat
                      args=GRPOConfig(output_dir=str(tmp_path / "g"), report_to="none", use_cpu=True, bf16=False))
     with pytest.raises(ValueError, match=r"^TarpoConfig.fp16=True: not served: the loss scaler's own overflow"):
         TarpoConfig(output_dir=str(tmp_path / "f"), fp16=True)
+
+
+def test_trls_own_generation_helper_runs_as_trls_tests_call_it(model_dir, tmp_path):
+    """GRPOTrainer._generate, inherited (TRL's tests call it directly): it reads eos_token_ids, which the trainer
+    sets (before: AttributeError). It samples with transformers' generate, hard tokens only; TARPO's rollouts are
+    _generate_and_score_completions'. A rollout_func, which it would call, is refused at construction."""
+    trainer = TarpoTrainer(model_dir, codes, args=config(tmp_path), train_dataset=standard())
+    out = trainer._generate(["question 0 is", "question 1 is"])
+    prompt_ids, completion_ids = out[0], out[1]
+    assert len(prompt_ids) == len(completion_ids) == 2 and all(len(c) >= 1 for c in completion_ids)
+    with pytest.raises(ValueError, match=r"^TarpoTrainer\(rollout_func=\.\.\.\): not served"):
+        TarpoTrainer(model_dir, codes, args=config(tmp_path), train_dataset=standard(), rollout_func=lambda *a: {})

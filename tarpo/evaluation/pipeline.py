@@ -60,9 +60,10 @@ def chunk_seed(seed: int, task: str, chunk: int) -> int:
     return int(hashlib.sha256(f"{seed}:{task}:{chunk}".encode()).hexdigest()[:15], 16)
 
 
-def longest_prompt(tokenizer, examples: list, max_prompt_length: int) -> int:
+def longest_prompt(tokenizer, examples: list, max_prompt_length: int, template_kwargs=None) -> int:
     """The longest of the task's prompts in tokens, as :func:`tarpo.tasks.prompts.encode_prompts` cuts them."""
-    return max(len(prompt_ids(tokenizer, ex["prompt"], max_prompt_length, i)[0]) for i, ex in enumerate(examples))
+    return max(len(prompt_ids(tokenizer, ex["prompt"], max_prompt_length, i, template_kwargs)[0])
+               for i, ex in enumerate(examples))
 
 
 def sample_task(args, task: str, examples: list, traj: TrajectoryFile, system, rank: int = 0, world: int = 1) -> int:
@@ -78,7 +79,8 @@ def sample_task(args, task: str, examples: list, traj: TrajectoryFile, system, r
     if spec.engine != "eager":  # one compiled graph per task: its longest prompt, every chunk padded to a full one
         spec = dataclasses.replace(spec, batch_size=saved["questions_per_chunk"] * args.n,
                                    max_prompt_length=longest_prompt(system.tokenizer, examples,
-                                                                    saved["max_prompt_length"]))
+                                                                    saved["max_prompt_length"],
+                                                                    system.template_kwargs))
     todo = list(range(traj.done_chunks(), len(traj.chunks)))
     fresh = 0
     bar = tqdm(total=len(examples) * args.n, initial=len(traj.records), desc=task, unit="sample", mininterval=2,

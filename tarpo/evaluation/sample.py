@@ -50,7 +50,8 @@ def sample(system, examples: list[dict], n: int, spec: RolloutSpec, *, max_promp
     records = []
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start:start + batch_size]
-        ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device)
+        ids, mask, _ = encode_prompts(tokenizer, [ex["prompt"] for ex, _ in chunk], max_prompt_length, device,
+                                      system.template_kwargs)
         with mixed_precision(policy.backbone):  # the precision training rolled out in (tarpo.engine.precision)
             out = hybrid_generate(policy, ids, mask, spec, generator=generator)
         for row, (ex, i) in enumerate(chunk):

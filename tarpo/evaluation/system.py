@@ -58,6 +58,8 @@ def run_settings(adapter: str | None) -> dict:
         value, kind = saved.get(name), type(default(name))
         if name in saved and not (isinstance(value, kind) or kind is float and type(value) is int):
             raise ValueError(f"{path}: {name}={value!r}: not a {kind.__name__}")
+    if not isinstance(saved.get("chat_template_kwargs", {}), dict):
+        raise ValueError(f"{path}: chat_template_kwargs={saved['chat_template_kwargs']!r}: not a JSON object")
     return saved
 
 
@@ -97,6 +99,7 @@ class System(NamedTuple):
     tokenizer: object
     device: torch.device
     mode: str               # the inference mode (tarpo.algorithms.MODES)
+    template_kwargs: dict | None = None  # the chat template's arguments the run trained with (chat_template_kwargs)
 
     def policy(self) -> Policy:
         """The rollout engine's :class:`tarpo.engine.step.Policy` of this system (its backbone made anew)."""
@@ -117,4 +120,5 @@ def load_system(model_path: str, adapter: str | None, mode: str, dtype: str = "a
         router.temperature = action_temperature
     rule = MODES[mode].rule
     soft_input = soft_input_class(rule.soft_input).load(adapter, device)
-    return System(model, router if rule.router else None, soft_input, tokenizer, device, mode)
+    return System(model, router if rule.router else None, soft_input, tokenizer, device, mode,
+                  run_settings(adapter).get("chat_template_kwargs"))
