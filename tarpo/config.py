@@ -253,16 +253,12 @@ class TarpoConfig(GRPOConfig):
                                           "CPU unless the run's timed first rollout shows compiling repays). In "
                                           "training both engines draw the same samples (docs/rollout-engines.md)."})
     decode_merge: str = field(
-        default="auto", metadata={"help": "What the compiled engine decodes with, built once per rollout (once per "
-                                          "evaluation; docs/rollout-engines.md, 'Decode weights'): 'all' copies of "
-                                          "the projections that carry LoRA with it merged in (W + s B A, summed in "
-                                          "fp32, stored in the compute dtype), q|k|v and gate|up each one matrix "
-                                          "where they carry it; 'attention' that for q|k|v and o only; 'none' the "
-                                          "model's weights and the LoRA as an adapter (cast once to the compute "
-                                          "dtype). Weights without LoRA are never copied. 'auto': the launcher's "
-                                          "memory plan picks the first that fits, in that order; without a plan, the "
-                                          "first whose copies and KV cache fit in 80% of the memory free at the "
-                                          "first rollout. The model's own weights are never changed."})
+        default="auto", metadata={"help": "What the compiled engine decodes with (docs/rollout-engines.md, 'Decode "
+                                          "weights'): 'all' every LoRA merged into a copy of the projections that "
+                                          "carry it (W + s B A, summed in fp32); 'attention' q|k|v and o's only; "
+                                          "'none' the LoRA as an adapter. Weights without LoRA are never copied. "
+                                          "'auto': the memory plan's choice, or without a plan the first whose copies "
+                                          "and KV cache fit in 80% of the free memory."})
     compact_finished_rows: bool = field(
         default=True, metadata={"help": "Drop finished rows from the decode batch and KV cache so they stop "
                                         "costing work (docs/algorithm.md §1). Changes the random stream versus "

@@ -45,6 +45,11 @@ def runs(tmp_path_factory):
     steps += [{"run": "enospc", "enospc": "adapter"}, {"run": "enospc"}]
     six = {"MAX_STEPS": "6", "SAVE_STEPS": "100"}  # a preemption: SIGTERM after step 3, no checkpoint due before 100
     steps += [{"run": "ref6", "env": six}, {"run": "sigterm", "env": six, "signal": 4}, {"run": "sigterm", "env": six}]
+    # a stop signal outside a training step: at the model's load, in the last step, during the final save (EVAL=1)
+    last = {"MAX_STEPS": "3", "SAVE_STEPS": "100", "EVAL": "1"}
+    steps += [{"run": "sig_load", "signal_point": "load"}, {"run": "sig_load"},
+              {"run": "sig_last", "env": last, "signal": 3}, {"run": "sig_last", "env": last},
+              {"run": "sig_save", "env": last, "signal_point": "final_save"}]
     env = {**ENV, "MODEL": str(root / "tiny"), "DATA_PATH": str(root / "train.jsonl"), "OUT_DIR": str(root / "runs")}
     (root / "plan.json").write_text(json.dumps({"env": env, "steps": steps}))
     clean = {k: v for k, v in os.environ.items() if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN")}
@@ -319,3 +324,29 @@ def test_a_run_sent_sigterm_saves_the_step_in_flight_and_its_rerun_ends_like_an_
     assert again["status"] == "exit 0" and "resuming from" in again["output"], again["output"][-3000:]
     assert "preempted.json" not in again["tree"] and train_steps(out / "sigterm") == [1, 2, 3, 4, 5, 6]
     assert_same_result(out / "ref6", out / "sigterm")
+
+
+def test_a_stop_signal_outside_a_training_step_ends_the_launch_with_the_requeue_status(runs):
+    """SIGTERM (twice, as a preemption sends it) at the model's load: nothing trained or saved, exit 75 and a line
+    saying so, and the same command then trains the run; in the last step: the step and the final adapter saved,
+    exit 75 before EVAL=1, whose re-run evaluates; during the final save: the save finishes, exit 75, no
+    evaluation. Before tarpo.runs.launch_signals the load died of the signal (status -15, no line) and the last
+    step's stop went on into EVAL=1."""
+    by_run, out = runs
+    load, again = by_run["sig_load"]
+    assert load["status"] == "exit 75", load["output"][-3000:]
+    assert ("tarpo launch: stopped by SIGTERM before training ended: nothing new was saved; run the same command "
+            "again to start it again (exit status 75)") in load["output"].splitlines(), load["output"][-3000:]
+    assert not any(k.startswith("checkpoint-") or k.startswith("adapter") for k in load["tree"]), sorted(load["tree"])
+    assert again["status"] == "exit 0" and train_steps(out / "sig_load") == [1, 2, 3], again["output"][-3000:]
+    last, evaluated = by_run["sig_last"]
+    adapter = out / "sig_last" / "adapter"
+    assert last["status"] == "exit 75" and "EVALUATED" not in last["output"], last["output"][-3000:]
+    assert (f"tarpo launch: stopped by SIGTERM after training: {adapter} is complete; run the same command again to "
+            "evaluate (EVAL=1) (exit status 75)") in last["output"].splitlines(), last["output"][-3000:]
+    assert "adapter/final_state.json" in last["tree"] and "preempted.json" in last["tree"]
+    assert evaluated["status"] == "exit 0" and "EVALUATED" in evaluated["output"], evaluated["output"][-3000:]
+    (save,) = by_run["sig_save"]
+    assert save["status"] == "exit 75" and "EVALUATED" not in save["output"], save["output"][-3000:]
+    assert "adapter/final_state.json" in save["tree"] and f"{out / 'sig_save' / 'adapter'} is complete" in save[
+        "output"]

@@ -320,8 +320,8 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     ran = []
-    monkeypatch.setattr(launcher, "run_command", lambda cmd, env, stops=(): ran.append((cmd, env)) or 0)
-    monkeypatch.setattr(training_run, "train", lambda cfg, args, ident: pytest.fail("the launching process trained"))
+    monkeypatch.setattr(launcher, "run_command", lambda cmd, env, stops=(), received=None: ran.append((cmd, env)) or 0)
+    monkeypatch.setattr(training_run, "train", lambda *a, **k: pytest.fail("the launching process trained"))
     assert launcher.main(["gsm8k"]) == 0
     (train_cmd, train_env), (eval_cmd, eval_env) = ran
     prefix = [launcher.sys.executable, *ACCELERATE, "--num_processes", "2", "--multi_gpu"]
@@ -335,9 +335,9 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
     # in the launched processes: every one trains, none evaluates (the launching process does), rank 0 alone prints
     monkeypatch.setenv(launcher.LAUNCHED, "1")
     trained = []
-    monkeypatch.setattr(training_run, "train", lambda cfg, args, ident: trained.append(
+    monkeypatch.setattr(training_run, "train", lambda cfg, args, ident, signals=None: trained.append(
         cfg.trainer["per_device_train_batch_size"]) or str(run / "adapter"))
-    monkeypatch.setattr(launcher, "evaluate", lambda cfg, adapter: pytest.fail("a launched process evaluated"))
+    monkeypatch.setattr(launcher, "evaluate", lambda *a, **k: pytest.fail("a launched process evaluated"))
     for rank in ("1", "0"):
         monkeypatch.setenv("RANK", rank)
         assert launcher.main(["gsm8k"]) == 0

@@ -336,7 +336,7 @@ def test_the_largest_micro_batch_that_fits_the_visible_gpu(monkeypatch, capsys):
 def test_bad_micro_batches_are_refused_before_anything_loads(monkeypatch, capsys, tmp_path, env, message):
     from tarpo.runs import training_run
     fake_gpu(monkeypatch, 79.1)
-    monkeypatch.setattr(training_run, "train", lambda cfg, args, ident: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(training_run, "train", lambda *a, **k: pytest.fail("the model was loaded"))
     status, out, err = run_launcher(monkeypatch, capsys, "dapo", OUT_DIR=str(tmp_path / "runs"), **env)
     assert status == 2 and message in err
     if "needs" in message:

@@ -64,9 +64,11 @@ def evaluation_args(cfg: LaunchConfig, adapter: str) -> list[str]:
     return args
 
 
-def evaluate(cfg: LaunchConfig, adapter: str) -> int:
+def evaluate(cfg: LaunchConfig, adapter: str, signals=None) -> int:
     """``tarpo eval`` in this process (one-process runs)."""
     from ..cli import main as cli
+    if signals is not None:
+        signals.evaluating = True
     return cli(evaluation_args(cfg, adapter))
 
 
@@ -75,7 +77,7 @@ def evaluation_command(cfg: LaunchConfig, adapter: str) -> list[str]:
     return [*accelerate_prefix(cfg), "-m", "tarpo.cli", *evaluation_args(cfg, adapter)]
 
 
-def launch_processes(cfg: LaunchConfig) -> int:
+def launch_processes(cfg: LaunchConfig, args) -> int:
     """Train through ``accelerate launch`` and wait for every process; then, with EVAL=1, evaluate
     through the same prefix, once the training processes have ended and freed their devices."""
     from ..config import signal_numbers
@@ -84,14 +86,41 @@ def launch_processes(cfg: LaunchConfig) -> int:
     # every process trains in the micro-batch planned here
     env = {**os.environ, LAUNCHED: "1", "MICRO_BATCH": str(cfg.memory_plan["micro_batch"])}
     preemption.clear_stop(cfg.run_dir)
-    status = run_command(training_command(cfg), env, signal_numbers(cfg.trainer.get("save_on_signals", ())))
+    stops = signal_numbers(cfg.trainer.get("save_on_signals", ()))
+    status = run_command(training_command(cfg), env, stops)
     stopped = preemption.stop_line(cfg.run_dir)
-    if stopped is not None:  # the processes stopped at a signal, with a checkpoint
+    if stopped is not None:  # the processes stopped at a signal (tarpo.runs.launch_signals)
         print(stopped, flush=True)
         return preemption.EXIT_PREEMPTED
     if status != 0 or not cfg.eval:
         return status
-    return run_command(evaluation_command(cfg, os.path.join(cfg.run_dir, "adapter")), dict(os.environ))
+    received = []
+    status = run_command(evaluation_command(cfg, os.path.join(cfg.run_dir, "adapter")), dict(os.environ), stops,
+                         received)
+    return preempted(cfg, args, received[0], evaluating=True) if received else status
+
+
+def preempted(cfg: LaunchConfig, args, signal_name: str, evaluating: bool = False) -> int:
+    """A stop signal outside a training step (tarpo.runs.launch_signals): the marker (by each machine's first
+    process), the launcher's line (by the process that started the run) and the requeue status. What is complete:
+    the adapter (training finished; EVAL=1 left to run, or to resume), else the newest complete checkpoint."""
+    from ..training import preemption
+    from ..training.checkpoints import finished_step, last_complete_checkpoint
+    adapter = os.path.join(cfg.run_dir, "adapter")
+    trained = finished_step(cfg.run_dir, args.max_steps, args.num_train_epochs) is not None
+    if trained:
+        when = "during the evaluation" if evaluating else "after training"
+        then = "resume the evaluation" if evaluating else "evaluate (EVAL=1)" if cfg.eval else "see it finished"
+        saved = adapter
+    else:
+        when, saved = "before training ended", last_complete_checkpoint(cfg.run_dir, report=lambda _: None)
+        then = "resume from it" if saved else "start it again"
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and os.path.isdir(cfg.run_dir):  # none before the folder is
+        preemption.record_stop(cfg.run_dir, signal_name, None, saved, when, then)  # made: its starter says so
+    if os.environ.get(LAUNCHED) == "1":  # the process that started this one says so
+        return 0
+    print(preemption.describe_stop({"signal": signal_name, "when": when, "saved": saved, "then": then}), flush=True)
+    return preemption.EXIT_PREEMPTED
 
 
 def configure(dataset: str, main_process: bool, launched: bool):
@@ -149,25 +178,30 @@ def main(argv=None) -> int:
     if main_process:
         print(f"memory plan: {json.dumps(dict(cfg.memory_plan))}", flush=True)
     if starts:
-        return launch_processes(cfg)
+        return launch_processes(cfg, args)
     from ..training import preemption
     from . import training_run  # the trainer and its imports: only where this process trains
-    try:
-        adapter = training_run.train(cfg, args, ident)
-    except ValueError as exc:
-        print(f"tarpo launch: error: {exc}", file=sys.stderr)
-        return 2
-    if adapter is None:  # stopped by a signal, with a checkpoint: the process that started this run says so
-        if launched:
-            return 0
-        print(preemption.stop_line(cfg.run_dir), flush=True)
-        return preemption.EXIT_PREEMPTED
-    if not main_process:
-        return 0
-    print(f"adapter and router saved to {adapter}")
-    if launched:  # the process that launched this one evaluates, once every process has ended
-        return 0
-    return evaluate(cfg, adapter) if cfg.eval else 0
+    from .launch_signals import LaunchSignals, Preempted
+    with LaunchSignals(cfg.trainer.get("save_on_signals", ())) as signals:  # a signal outside a training step
+        try:
+            try:
+                adapter = training_run.train(cfg, args, ident, signals)
+            except ValueError as exc:
+                print(f"tarpo launch: error: {exc}", file=sys.stderr)
+                return 2
+            if adapter is None:  # stopped by a signal, with a checkpoint: the process that started this run says so
+                if launched:
+                    return 0
+                print(preemption.stop_line(cfg.run_dir), flush=True)
+                return preemption.EXIT_PREEMPTED
+            if not main_process:
+                return 0
+            print(f"adapter and router saved to {adapter}")
+            if launched:  # the process that launched this one evaluates, once every process has ended
+                return 0
+            return evaluate(cfg, adapter, signals) if cfg.eval else 0
+        except Preempted as stop:
+            return preempted(cfg, args, str(stop), evaluating=signals.evaluating)
 
 
 if __name__ == "__main__":

@@ -162,16 +162,19 @@ def training_processes(root: int) -> list[int]:
     return found
 
 
-def run_command(cmd: list[str], env: dict[str, str], stop_signals=()) -> int:
+def run_command(cmd: list[str], env: dict[str, str], stop_signals=(), received: list | None = None) -> int:
     """Run ``cmd`` and return its exit status (128 + N when signal N ended it). A signal of ``stop_signals`` sent
     to this process goes to the training processes below it (:func:`training_processes`), others (SIGINT, SIGTERM
     and SIGHUP when they are not stop signals) to ``cmd``: stopping the launcher (a scheduler's kill) stops the
-    processes it started, and a preemption lets them save first."""
+    processes it started, and a preemption lets them save first. ``received``: the names of the stop signals that
+    came are appended to it."""
     print(f"tarpo launch: running {shlex.join(cmd)}", flush=True)
     proc = subprocess.Popen(cmd, env=env)
     stops = set(stop_signals)
 
     def forward(sig, _frame):
+        if sig in stops and received is not None:
+            received.append(signal.Signals(sig).name)
         targets = training_processes(proc.pid) if sig in stops else []
         for pid in targets:
             try:

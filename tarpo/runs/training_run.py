@@ -8,6 +8,8 @@ longer than ``CPU_MAX_HOURS`` refused before any file is written. A new run fold
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 
 import torch
@@ -73,11 +75,13 @@ def load_run(cfg: LaunchConfig, args):
     return tokenizer, dataset, model
 
 
-def train(cfg: LaunchConfig, args, ident: dict) -> str | None:
+def train(cfg: LaunchConfig, args, ident: dict, signals=None) -> str | None:
     """Train into ``cfg.run_dir`` with ``args``, the run's TarpoConfig (:mod:`tarpo.runs.run_config`), recording
     ``ident`` (:func:`tarpo.runs.run_identity.identity`) in a new run folder; returns the saved adapter folder
     (None: stopped by a signal, with a checkpoint). Every process of a run calls this; the main one alone writes
-    the configuration, clears interrupted saves and prints."""
+    the configuration, clears interrupted saves and prints. ``signals`` (:class:`tarpo.runs.launch_signals
+    .LaunchSignals`): a signal during the final save is kept until it is done; a signal in the last step, or during
+    that save, raises :class:`tarpo.runs.launch_signals.Preempted` after it (the launch stops before EVAL=1)."""
     run_dir, main = cfg.run_dir, process_rank() == 0
     adapter = os.path.join(run_dir, "adapter")
     done = finished_step(run_dir, args.max_steps, args.num_train_epochs)
@@ -106,11 +110,16 @@ def train(cfg: LaunchConfig, args, ident: dict) -> str | None:
     try:
         trainer.train(resume_from_checkpoint=last)  # from a checkpoint at the last step: trains nothing
         stop = trainer.stop_signal
-        if stop is not None and stop.stopped_at is not None and trainer.state.global_step < trainer.state.max_steps:
-            if main:  # stopped by a signal before the end, checkpoint-<step> saved (tarpo.training.preemption)
+        stopped = stop is not None and stop.stopped_at is not None
+        if stopped and trainer.state.global_step < trainer.state.max_steps:
+            if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # each machine's first process: checkpoint-<step> saved
                 preemption.record_stop(run_dir, stop.received, stop.stopped_at)
             return None
-        save_final(trainer, adapter)  # adapter/ appears complete, with final_state.json
+        with signals.deferred() if signals is not None else contextlib.nullcontext():
+            save_final(trainer, adapter)  # adapter/ appears complete, with final_state.json
+        if stopped and signals is not None:  # a signal in the last step: the adapter saved, no EVAL=1
+            from .launch_signals import Preempted
+            raise Preempted(stop.received)
     except (DiskFull, NonFiniteTraining, NonFiniteTensors) as exc:
         raise SystemExit(f"tarpo launch: error: {exc}") from None
     return adapter

@@ -95,10 +95,16 @@ class SaveOnSignal(TrainerCallback):
         self.restore()
 
 
-def record_stop(run_dir: str, signal_name: str, step: int) -> None:
-    """Leave :data:`MARKER` in ``run_dir``: its last launch stopped at ``signal_name`` after ``step``."""
-    write_json_atomic(os.path.join(run_dir, MARKER), {"signal": signal_name, "step": step,
-                                                      "checkpoint": os.path.join(run_dir, f"checkpoint-{step}")})
+def record_stop(run_dir: str, signal_name: str, step: int | None, saved: str | None = None, when: str | None = None,
+                then: str = "resume from it") -> None:
+    """Leave :data:`MARKER` in ``run_dir``: its last launch stopped at ``signal_name``: after optimizer step ``step``
+    with ``checkpoint-<step>`` saved (the default), or ``when`` it says (``"before training ended"``, ``"after
+    training"``, ...) with ``saved`` complete (None: nothing new was saved) and ``then`` what the same command does
+    again. Written by each machine's first process (the folder may not be shared between machines)."""
+    if when is None:
+        when, saved = f"after step {step}", os.path.join(run_dir, f"checkpoint-{step}")
+    write_json_atomic(os.path.join(run_dir, MARKER), {"signal": signal_name, "step": step, "when": when,
+                                                      "saved": saved, "then": then})
 
 
 def clear_stop(run_dir: str) -> None:
@@ -116,5 +122,11 @@ def stop_line(run_dir: str) -> str | None:
             stop = json.load(f)
     except (OSError, ValueError):
         return None
-    return (f"tarpo launch: stopped by {stop['signal']} after step {stop['step']}: {stop['checkpoint']} is complete; "
-            f"run the same command again to resume from it (exit status {EXIT_PREEMPTED})")
+    return describe_stop(stop)
+
+
+def describe_stop(stop: dict) -> str:
+    """The launcher's line of a stop (:func:`record_stop`'s fields)."""
+    saved = f"{stop['saved']} is complete" if stop.get("saved") else "nothing new was saved"
+    return (f"tarpo launch: stopped by {stop['signal']} {stop['when']}: {saved}; run the same command again to "
+            f"{stop['then']} (exit status {EXIT_PREEMPTED})")

@@ -4,12 +4,14 @@ SIGKILLed (or hit a full disk) at a chosen point of the save sequence (tests/tes
     python tests/workers/checkpoint_worker.py plan.json result.json
 
 ``plan.json``: ``{"env": {launcher variables}, "steps": [{"run": RUN_NAME, "kill": POINT or null, "enospc": POINT or
-null, "signal": STEP or null, "env": {variables of this run}}, ...]}`` (``signal``: SIGTERM twice when that optimizer
-step begins, :func:`signal_at`). The steps run one after the other, each in a child forked from this process (which
-imports torch, transformers, TRL and tarpo once and never computes, so the children start in a second instead of a
-process start each). A child SIGKILLs itself (``os.kill(os.getpid(), SIGKILL)``: no ``finally``, no ``atexit``,
-nothing flushed) when the save reaches its point. ``result.json``: per step its ``status`` ("exit N" or "signal N"),
-the tail of its output and ``tree``, the sha256 of every file then in its run folder.
+null, "signal": STEP or null, "signal_point": "load" | "final_save" | null, "env": {variables of this run}}, ...]}``
+(``signal``: SIGTERM twice when that optimizer step begins, :func:`signal_at`; ``signal_point``: at that point of the
+launch, :func:`signal_during`; EVAL=1 prints ``EVALUATED``, :func:`fake_evaluation`). The steps run one after the
+other, each in a child forked from this process (which imports torch, transformers, TRL and tarpo once and never
+computes, so the children start in a second instead of a process start each). A child SIGKILLs itself
+(``os.kill(os.getpid(), SIGKILL)``: no ``finally``, no ``atexit``, nothing flushed) when the save reaches its point.
+``result.json``: per step its ``status`` ("exit N" or "signal N"), the tail of its output and ``tree``, the sha256 of
+every file then in its run folder.
 
 Every run trains with a dense reward (the share of vowels) instead of the GSM8K grader, so that a
 tiny random model gets a learning signal and every step changes the adapter and the router.
@@ -73,6 +75,28 @@ def signal_at(step: int) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
         return begin(self, args, state, control)
     CallbackHandler.on_step_begin = on_step_begin
+
+
+def signal_during(point: str) -> None:
+    """Send this process SIGTERM twice (as :func:`signal_at`) when the launch reaches ``point``: ``load`` (the
+    model's load, before training) or ``final_save`` (the final adapter's save, after training)."""
+    from tarpo.runs import training_run
+
+    name = {"load": "load_run", "final_save": "save_final"}[point]
+    original = getattr(training_run, name)
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+    setattr(training_run, name, signalled)
+
+
+def fake_evaluation() -> None:
+    """EVAL=1 prints ``EVALUATED`` instead of evaluating (the tests ask whether it ran, not what it finds)."""
+    from tarpo.runs import launch
+
+    launch.evaluate = lambda cfg, adapter, signals=None: print("EVALUATED", flush=True) or 0
 
 
 def install(kill: str | None, enospc: str | None) -> None:
@@ -181,6 +205,9 @@ def run_child(env: dict, step: dict, log: str) -> str:
             install(step.get("kill"), step.get("enospc"))
             if step.get("signal"):
                 signal_at(step["signal"])
+            if step.get("signal_point"):
+                signal_during(step["signal_point"])
+            fake_evaluation()
             from tarpo.runs.launch import main
             code = main(["gsm8k"])
         except SystemExit as exc:

@@ -35,7 +35,8 @@ def install_run_doubles() -> None:
     """For launcher runs in tests/test_fsdp.py, from the environment: ``TARPO_TEST_REWARD=vowels`` trains on the
     share of vowels (a tiny random model earns no GSM8K reward, and zero advantages would train nothing), and
     ``TARPO_TEST_KILL_AFTER=N`` SIGKILLs rank 0 once checkpoint-N is published (no ``finally``, nothing flushed);
-    ``TARPO_TEST_SIGNAL_AT=N`` sends the launcher SIGTERM when step N begins (a preemption)."""
+    ``TARPO_TEST_SIGNAL_AT=N`` sends rank 1 alone SIGTERM when step N begins (a preemption that reaches one process:
+    the others learn of it from the processes' agreement, tarpo.training.preemption.any_process)."""
     import os
     import signal
 
@@ -47,16 +48,14 @@ def install_run_doubles() -> None:
             return [sum(ch in "aeiou" for ch in t) / max(len(t), 1) for t in texts]
         graders.reward_function = lambda task, *a, **k: vowels
     signal_at = os.environ.get("TARPO_TEST_SIGNAL_AT")
-    if signal_at:  # rank 0 sends SIGTERM to the launcher that started the run when step N begins, as a scheduler would
+    if signal_at:  # rank 1 signals itself when step N begins; rank 0 hears of it only through the agreement
         from transformers.trainer_callback import CallbackHandler
 
         begin = CallbackHandler.on_step_begin
 
         def on_step_begin(self, args, state, control):
-            if state.global_step == int(signal_at) - 1 and state.is_world_process_zero:
-                with open(f"/proc/{os.getppid()}/stat") as f:  # this process <- accelerate launch <- the launcher
-                    launcher = int(f.read().rsplit(")", 1)[1].split()[1])
-                os.kill(launcher, signal.SIGTERM)
+            if state.global_step == int(signal_at) - 1 and args.process_index == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
             return begin(self, args, state, control)
         CallbackHandler.on_step_begin = on_step_begin
     kill = os.environ.get("TARPO_TEST_KILL_AFTER")
