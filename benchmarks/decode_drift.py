@@ -6,7 +6,7 @@ adapter's), one router (b0 = [2.2, 0]), ``--batch`` left-padded prompts; for eac
 (``eager``: the eager engine; ``compiled:<merge>``: the compiled engine at that ``decode_merge``; ``+fp32head``: the
 head's logits in fp32 on both sides, :class:`Fp32Head`) one rollout with
 the same keyed noise, scored by the trainer's training forward (:func:`tarpo.training.scoring.score_rollout`, the
-policy alone) under the trainer's autocast, and the drift of the two (:func:`tarpo.training.objective.logp_drift`:
+policy alone) under the trainer's autocast, and the drift of the two (:func:`tarpo.training.metrics.logp_drift`:
 mean |delta log p| over the completion steps, its 99th percentile, its maximum, the share over 0.1), for every
 dtype of ``--dtypes``. The same tokens are not drawn by every setting (a different rounding flips a draw now and
 then), so each row's drift is of its own rollout.
@@ -38,7 +38,7 @@ from tarpo.engine.tagging import token_text_fn  # noqa: E402
 from tarpo.models.backends import make_backbone  # noqa: E402
 from tarpo.models.loading import load_tokenizer  # noqa: E402
 from tarpo.models.tiny import left_padded_prompts, random_model_dir  # noqa: E402
-from tarpo.training.objective import logp_drift  # noqa: E402
+from tarpo.training.metrics import logp_drift  # noqa: E402
 from tarpo.training.scoring import ScoreSettings, score_rollout  # noqa: E402
 
 

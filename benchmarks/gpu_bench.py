@@ -45,7 +45,8 @@ from tarpo.evaluation.results import package_versions  # noqa: E402
 from tarpo.atomic_files import write_json_atomic, write_text_atomic  # noqa: E402
 from tarpo.models.backends import make_backbone  # noqa: E402
 from tarpo.models.loading import lora_config, resolve_backend  # noqa: E402
-from tarpo.training.objective import LossSettings, rollout_loss  # noqa: E402
+from tarpo.training.loss_inputs import rollout_loss  # noqa: E402
+from tarpo.training.objective import LossSettings  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.soft_input import TOP_K_MIXTURE  # noqa: E402
 from tarpo.engine.router import Router  # noqa: E402

@@ -14,7 +14,7 @@ from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
 from tarpo.models.tiny import tiny_causal_lm
 from tarpo.runs import memory_plan
-from tarpo.training.objective import logp_drift
+from tarpo.training.metrics import logp_drift
 from tarpo.training.scoring import ScoreSettings, score_rollout
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

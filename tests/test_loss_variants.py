@@ -16,7 +16,8 @@ from helpers import loss_of
 from tarpo.config import IS_CORRECTIONS, LOSS_TYPES
 from tarpo.training.advantages import group_advantages
 from tarpo.training.divergences import k3
-from tarpo.training.objective import LossSettings, high_entropy_mask, mismatch_weights
+from tarpo.training.loss_inputs import high_entropy_mask, mismatch_weights
+from tarpo.training.objective import LossSettings
 
 B, T = 4, 5
 
@@ -473,7 +474,7 @@ def test_the_trainer_builds_the_loss_settings_once_and_masks_the_token_term_by_e
 
 
 def test_mask_truncated_completions_leaves_cut_rows_out_of_the_loss():
-    from tarpo.training.objective import loss_mask
+    from tarpo.training.loss_inputs import loss_mask
 
     rollout = SimpleNamespace(completion_mask=torch.tensor([[True, True, True], [True, True, False]]),
                               ended_with_eos=torch.tensor([False, True]))

@@ -5,7 +5,7 @@ TRL's names here: ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``reward
 ``completions/mean_length`` / ``min_length`` / ``max_length`` (a completion's generated steps: hard and soft),
 ``completions/mean_terminated_length`` / ``min_`` / ``max_`` (those that ended with an end token),
 ``completions/clipped_ratio``, ``entropy``, ``num_tokens``; the loss step adds ``kl``, ``clip_ratio/*`` and
-``vespo/phi_seq_mean`` (:func:`tarpo.training.objective.rollout_loss`). With ``log_completions`` the rollout's
+``vespo/phi_seq_mean`` (:func:`tarpo.training.loss_inputs.rollout_loss`). With ``log_completions`` the rollout's
 prompts, completions, rewards and advantages go to TRL's completion log (its printed sample, parquet files,
 wandb/trackio tables).
 """
@@ -88,7 +88,7 @@ def flush_reward_logs(trainer, mode: str, rows: int) -> None:
 
 
 class LossFigures:
-    """The loss step's figures (:func:`tarpo.training.objective.rollout_loss`'s terms: the objective's, the
+    """The loss step's figures (:func:`tarpo.training.loss_inputs.rollout_loss`'s terms: the objective's, the
     importance-sampling statistics, the drift, ``kl``; :func:`loss_type_metrics`'s clip ratios), kept on the device
     and read once a step. Each micro-batch's figures are gathered over the processes in one collective and reduced
     there (the minimum for ``*_min``, the maximum for ``*_max``, else the mean); :meth:`flush` reads every pending

@@ -64,7 +64,8 @@ from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
 from .nonfinite import NonFiniteGuard
 from .advantages import reward_advantages
-from .objective import LossSettings, loss_mask, rollout_loss
+from .loss_inputs import loss_mask, rollout_loss
+from .objective import LossSettings
 from .preemption import SaveOnSignal
 from .optimizer import embedding_weights, keep_fp32_state, parameter_groups
 from .scoring import StepScores, ScoreSettings, score_rollout

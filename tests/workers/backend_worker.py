@@ -124,7 +124,8 @@ def teacher_forced(backbone, router, record, device):
 
 
 def loss_and_grads(model, backbone, router, device, completion: int):
-    from tarpo.training.objective import LossSettings, rollout_loss
+    from tarpo.training.loss_inputs import rollout_loss
+    from tarpo.training.objective import LossSettings
     from tarpo.training.scoring import ScoreSettings, score_rollout
     from tarpo.engine.soft_input import TOP_K_MIXTURE
     from tarpo.models.tiny import synthetic_rollout

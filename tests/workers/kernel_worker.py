@@ -1,6 +1,6 @@
 """One zero-advantage TARPO step at initialisation, for tests/test_kernel_settings.py: a tiny random Qwen2 with a
 fresh LoRA adapter (B = 0, so the policy is the reference), a recorded batch, the trainer's scoring
-(tarpo.training.scoring.score_rollout) and loss (tarpo.training.objective.rollout_loss) with every advantage 0.
+(tarpo.training.scoring.score_rollout) and loss (tarpo.training.loss_inputs.rollout_loss) with every advantage 0.
 Prints one JSON line: the loss, the largest |KL| of either kind, the gradient norm over LoRA and router, and the
 policy's log-probs (so that runs under other kernel settings can be compared)."""
 
@@ -13,7 +13,8 @@ from tarpo.engine.router import Router
 from tarpo.engine.soft_input import TOP_K_MIXTURE
 from tarpo.models.backends import make_backbone
 from tarpo.models.tiny import char_tokenizer, synthetic_rollout, tiny_causal_lm
-from tarpo.training.objective import LossSettings, rollout_loss
+from tarpo.training.loss_inputs import rollout_loss
+from tarpo.training.objective import LossSettings
 from tarpo.training.scoring import ScoreSettings, score_rollout
 
 
