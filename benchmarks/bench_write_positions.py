@@ -224,7 +224,7 @@ def main() -> None:
     res.update(measure(model, load_tokenizer(model_dir), args, cuda))
     print(json.dumps(res, indent=1))
     if args.json:
-        from gpu_session import record
+        from results_file import record
         record(args.json, args.key, res)
 
 

@@ -75,7 +75,7 @@ def main() -> None:
     print(json.dumps(res, indent=1))
     if args.json:
         sys.path.insert(0, __file__.rsplit("/", 1)[0])
-        from gpu_session import record
+        from results_file import record
         record(args.json, args.key, res)
 
 

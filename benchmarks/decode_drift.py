@@ -109,7 +109,7 @@ def main() -> None:
                 res["rows"][f"{dtype} {setting}"] = row = drift_of(model, tok, router, prompts, run)
             print(f"{dtype} {setting}: {json.dumps(row)}", flush=True)
     if args.json:
-        from gpu_session import record
+        from results_file import record
         record(args.json, "decode_drift", res)
 
 

@@ -36,15 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def record(path: str, key: str, value) -> None:
-    """Merge ``{key: value}`` into the JSON file ``path`` (replaced atomically; no tarpo import: it records a
-    failed install too)."""
-    merged = json.load(open(path)) if os.path.exists(path) else {}
-    merged[key] = value
-    with open(path + ".tmp", "w") as f:
-        json.dump(merged, f, indent=1)
-    os.replace(path + ".tmp", path)
+from results_file import record  # noqa: E402
 
 
 def make_model(root: str, shape: str) -> None:

@@ -1,6 +1,7 @@
-"""The package's shape: no import cycle, no import from a lower layer to a higher one, no module over 400
-lines, no function body over 60 lines in engine/ and training/, the README's layout table is the tree, each
-routing rule and inference mode is one table entry that the launchers, the config and the CLI read."""
+"""The package's shape: no import cycle (in the package, nor among the benchmarks), no import from a lower layer to
+a higher one, no module over 400 lines, no function body over 60 lines anywhere in the package, the README's layout
+table is the tree, each routing rule and inference mode is one table entry that the launchers, the config and the
+CLI read."""
 
 import ast
 import fnmatch
@@ -99,6 +100,16 @@ def test_the_package_has_no_import_cycle():
     graph = {name: imports(name, path, known) for name, path in known.items()}
     # the scan sees imports
     assert graph["tarpo.engine.rollout"] >= {"tarpo.engine.step", "tarpo.engine.static_decode"}
+    assert cycles(graph) == []
+
+
+def test_the_benchmarks_have_no_import_cycle():
+    """The scripts of benchmarks/ import each other by name (their folder on sys.path): no circle among them
+    (before: gpu_session and bench_write_positions imported each other)."""
+    folder = os.path.join(ROOT, "benchmarks")
+    known = {f[:-3]: os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".py")}
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert graph["decode_drift"] >= {"bench_write_positions"}  # the scan sees imports
     assert cycles(graph) == []
 
 
