@@ -640,3 +640,16 @@ if top_k > 0:
 """
     assert restatements("tarpo/x.py", readers, {"temperature", "top_k"}) == []
     assert restatements("tarpo/engine/engine_choice.py", 'e = "compiled" if cuda else "eager"\n', set()) == []
+
+
+def test_the_soft_input_registry_is_complete_by_construction():
+    """The classes of the soft inputs are one table in tarpo.engine.soft_input, one per row of SOFT_INPUTS; the base
+    module alone holds no registry to find partial (before: filled as a side effect of imports, partial with
+    soft_input_base alone)."""
+    import subprocess
+    import sys
+
+    code = ("import tarpo.engine.soft_input_base as base; assert not hasattr(base, 'CLASSES'); "
+            "from tarpo.algorithms import SOFT_INPUTS; from tarpo.engine.soft_input import CLASSES; "
+            "assert set(CLASSES) == set(SOFT_INPUTS) and all(c.kind is SOFT_INPUTS[n] for n, c in CLASSES.items())")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -34,13 +34,13 @@ from torch import nn
 from ..algorithms import HRPO_GATE, HRPO_MIXTURES
 from .mixture import normalised_full_mixture
 from .precision import full_precision
-from .soft_input_base import SoftInputBase, recorded_topk, registered, topk_records
+from .soft_input_base import SoftInputBase, recorded_topk, topk_records, with_kind
 
 HRPO_WEIGHTS = "hrpo_gate.safetensors"
 HRPO_EPS = 1e-8  # inside the square root, as HRPO's ``thinking_residual``
 
 
-@registered
+@with_kind
 class HrpoGate(SoftInputBase, nn.Module):
     """HRPO's gate; parameters in fp32 (like the router), applied to soft (thinking) rows.
 

@@ -30,8 +30,8 @@ under the current policy's mean (REINFORCE on the noise).
 **TARPO w/ Gumbel** (:class:`GumbelTopK`, docs/algorithm.md §8): the top-k mixture with Gumbel-softmax weights.
 
 What every soft input does unless its class says otherwise is :class:`tarpo.engine.soft_input_base.SoftInputBase`.
-Adding a variant is one class here, registered under its name (``@registered``), and its row of
-:data:`tarpo.algorithms.SOFT_INPUTS`; a routing rule that feeds it is a row of ``ROUTINGS`` (the smallest
+Adding a variant is one class here (``@with_kind``: its row of :data:`tarpo.algorithms.SOFT_INPUTS`), its entry in
+:data:`CLASSES` and that row; a routing rule that feeds it is a row of ``ROUTINGS`` (the smallest
 example: docs/algorithm.md §3).
 """
 
@@ -41,11 +41,11 @@ import math
 
 import torch
 
-from ..algorithms import GAUSSIAN, GUMBEL, TOP_K
-from .hrpo_gate import HRPO_WEIGHTS, HrpoGate  # noqa: F401  (registered; importers of soft inputs find it here)
+from ..algorithms import GAUSSIAN, GUMBEL, SOFT_INPUTS, TOP_K
+from .hrpo_gate import HRPO_WEIGHTS, HrpoGate  # noqa: F401  (in CLASSES; importers of soft inputs find it here)
 from .mixture import soft_topk, topk_mixture
 from .sampling import STREAM_GAUSSIAN, STREAM_GUMBEL
-from .soft_input_base import CLASSES, SoftInputBase, recorded_topk, registered, topk_records
+from .soft_input_base import SoftInputBase, recorded_topk, topk_records, with_kind
 
 
 def soft_input_class(name: str) -> type:
@@ -53,7 +53,7 @@ def soft_input_class(name: str) -> type:
     return CLASSES[name]
 
 
-@registered
+@with_kind
 class TopKMixture(SoftInputBase):
     """TARPO's soft input (module docstring): the top-k mixture, rebuilt in training from the recorded ids and
     fp32 weights (k ids and k floats a soft step)."""
@@ -70,7 +70,7 @@ class TopKMixture(SoftInputBase):
 TOP_K_MIXTURE = TopKMixture()  # stateless: the one every top-k routing shares
 
 
-@registered
+@with_kind
 class GaussianSoftTokens(SoftInputBase):
     """Soft Tokens' noisy full mixture; ``sigma = scale * rms(E)`` fixed at construction."""
 
@@ -130,7 +130,7 @@ class GaussianSoftTokens(SoftInputBase):
         return self.log_likelihood(recorded["soft_inputs"], self.mean(logits / temperature, embedding))
 
 
-@registered
+@with_kind
 class GumbelTopK(TopKMixture):
     """Exploration inside the soft mode (SofT-GRPO's Gumbel-softmax; the paper's future work, docs/algorithm.md §8).
 
@@ -192,3 +192,9 @@ class GumbelTopK(TopKMixture):
     def draw_log_density(self, logits, embedding, recorded, temperature):
         """``log Concrete(w_t; alpha = exp(z_t / T_s) at the recorded top-k ids)`` of the recorded weights."""
         return self.log_density(logits.gather(-1, recorded["soft_ids"]) / temperature, recorded["soft_weights"])
+
+
+# The registry, complete by construction: one class per row of SOFT_INPUTS, the module refuses to import otherwise.
+CLASSES: dict[str, type] = {cls.name: cls for cls in (TopKMixture, GumbelTopK, GaussianSoftTokens, HrpoGate)}
+if set(CLASSES) != set(SOFT_INPUTS):
+    raise ImportError(f"tarpo.engine.soft_input: classes for {sorted(CLASSES)}, SOFT_INPUTS has {sorted(SOFT_INPUTS)}")

@@ -1,6 +1,7 @@
-"""What every soft input does unless its class says otherwise (:class:`SoftInputBase`), the registry of their
-classes (:func:`registered`) and the top-k records that TARPO's mixture, Gumbel's and HRPO's ``top_k`` mixture share.
-The variants are :mod:`tarpo.engine.soft_input` (and :mod:`tarpo.engine.hrpo_gate`); callers ask there."""
+"""What every soft input does unless its class says otherwise (:class:`SoftInputBase`), how a class takes its row of
+:data:`tarpo.algorithms.SOFT_INPUTS` (:func:`with_kind`) and the top-k records that TARPO's mixture, Gumbel's and
+HRPO's ``top_k`` mixture share. The variants, and their registry (complete by construction), are
+:mod:`tarpo.engine.soft_input` (and :mod:`tarpo.engine.hrpo_gate`); callers ask there."""
 
 from __future__ import annotations
 
@@ -13,14 +14,10 @@ from ..algorithms import SOFT_INPUTS
 from ..atomic_files import write_json_atomic
 from .mixture import soft_topk, topk_mixture
 
-CLASSES: dict[str, type] = {}  # SOFT_INPUTS' name -> its class
-
-
-def registered(cls):
-    """Register ``cls`` as the code of the soft input ``cls.name`` (a row of :data:`tarpo.algorithms.SOFT_INPUTS`,
-    which ``cls.kind`` then is)."""
+def with_kind(cls):
+    """``cls``, the code of the soft input ``cls.name``, with ``cls.kind`` its row of
+    :data:`tarpo.algorithms.SOFT_INPUTS` (a name without a row fails here, at import)."""
     cls.kind = SOFT_INPUTS[cls.name]
-    CLASSES[cls.name] = cls
     return cls
 
 
@@ -30,7 +27,7 @@ class SoftInputBase:
     and no log-density."""
 
     name = ""
-    kind = None           # its row of tarpo.algorithms.SOFT_INPUTS (set by @registered)
+    kind = None           # its row of tarpo.algorithms.SOFT_INPUTS (set by @with_kind)
     weights_file = None   # the file its trained parameters are saved in beside the adapter (kind.trained)
     settings_file = None  # the file its settings are saved in beside the adapter (those :meth:`settings` returns)
     density_reads = ()    # the records draw_log_density reads (kind.log_density)
