@@ -71,7 +71,11 @@ class NonFiniteGuard:
             bad = bad | self._bad_loss
         self._bad_loss = None
         finite = not bool(on_any_rank(bad).item())  # the one host read of the step
-        trainer.optimizer._is_overflow = not finite  # accelerate's "this step was skipped": no LR schedule step
+        # accelerate's AcceleratedOptimizer.step_was_skipped (which transformers reads to hold the LR schedule) is a
+        # read-only property over its private _is_overflow, set only by its fp16 scaler: no public way to set it
+        trainer.optimizer._is_overflow = not finite
+        # TRL averages a step's metrics from its private _metrics into the log record; it has no public way to add
+        # one (its log_metric is handed to reward functions only)
         trainer._metrics["train"]["nonfinite_steps"].append(float(self.count + (not finite)))
         if finite:
             self.in_a_row = 0
