@@ -21,8 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tarpo.atomic_files import write_text_atomic  # noqa: E402
-from tarpo.runs.launcher_values import (LAUNCHED_DATA_SETS, RESOURCE, edited_by_hand, generated_values,  # noqa: E402
-                                        written)
+from tarpo.runs.launcher_values import LAUNCHED_DATA_SETS, RESOURCE  # noqa: E402
+from tarpo.runs.launcher_writer import edited_by_hand, generated_values, written  # noqa: E402
 
 
 def expected() -> dict[str, str]:

@@ -138,3 +138,14 @@ def test_an_edited_launcher_resolves_the_edited_value_and_says_where_each_value_
         if dataset == "math":  # the table is printed before torch's first module is imported
             first_torch = next(i for i, line in enumerate(out.splitlines()) if re.search(r"\| +torch(\.|$)", line))
             assert out.splitlines().index("launcher variables (scripts/launch.sh lists all):") < first_torch
+
+
+def test_the_run_time_table_imports_neither_torch_nor_trl():
+    """What a run prints at start-up (launcher_values.table of its sources) comes from the resource file, without
+    torch or TRL; the writer that reads the presets lives apart (tarpo.runs.launcher_writer)."""
+    code = ("import sys; import tarpo.runs.launcher_values as v; "
+            "env = {'MODEL': 'qwen2.5-3b', 'LR': '1e-6', 'BETA': '0', 'TARPO_FROM_ENVIRONMENT': 'LR'}; "
+            "text = v.table(v.sources('gsm8k', env)); assert 'run_gsm8k.sh' in text and 'environment' in text, text; "
+            "v.render('LORA_TARGETS', ['q_proj', 'k_proj', 'v_proj', 'o_proj']); "
+            "heavy = {'torch', 'trl', 'transformers'} & set(sys.modules); assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -457,7 +457,7 @@ def test_the_three_launchers_share_one_body_that_lists_every_variable():
     assert restated == {}, "defaults restated in scripts/launch.sh (DRY_RUN=1 prints them)"
     header = body[:body.index("set -euo pipefail")]
     assert all(f"{word}_" in header for word in FAMILIES)
-    from tarpo.runs.launcher_values import END, START
+    from tarpo.runs.launcher_writer import END, START
     for dataset in ("gsm8k", "math", "dapo"):
         launcher = open(os.path.join(ROOT, f"run_{dataset}.sh")).read()
         assert launcher.rstrip().endswith(f'exec bash "$(dirname "$0")/scripts/launch.sh" {dataset}')

@@ -3,9 +3,10 @@ variables, and the table a run prints of what it uses, in the launcher's words (
 baselines").
 
 One owner: :mod:`tarpo.runs.presets` (and ``TarpoConfig``'s defaults, which it reads). ``python
-scripts/write_launchers.py`` writes from it the block of each launcher (:func:`block`) and
+scripts/write_launchers.py`` writes from it (:mod:`tarpo.runs.launcher_writer`) the block of each launcher and
 ``tarpo/resources/launcher_values.json``, the paper's value of each variable per data set and model, which a run reads
-without importing torch; ``tests/test_launcher_values.py`` fails when either differs from what the presets give.
+here without importing torch or TRL (this module is the run-time part: the table a run prints, the sources of its
+values); ``tests/test_launcher_values.py`` fails when either differs from what the presets give.
 
 A launcher records which variables came from the environment (``TARPO_FROM_ENVIRONMENT``) before it fills in its
 values; :func:`sources` then tells, for each variable, whether its value is the paper's for this data set and model,
@@ -16,10 +17,8 @@ passed on as if unset (:func:`as_set`), so that what depends on whether a settin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 
 RESOURCE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resources", "launcher_values.json")
 FROM_ENVIRONMENT = "TARPO_FROM_ENVIRONMENT"  # the launcher's list of the variables the environment set
@@ -147,9 +146,7 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-# ---- writing the launchers' blocks and the resource from the presets (scripts/write_launchers.py; imports TRL)
 LAUNCHED_DATA_SETS = ("gsm8k", "math", "dapo")  # the paper's, one launcher each (arith: the learning check's)
-START, END = "# >>> the paper's settings", "# <<< the paper's settings"
 
 
 def render(name: str, value) -> str:
@@ -167,78 +164,3 @@ def render(name: str, value) -> str:
         named = [k for k, v in LORA_TARGET_PRESETS.items() if list(v) == list(value)]
         return named[0] if named else ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def generated_values() -> dict:
-    """The paper's value of each launcher variable per data set, and per model preset (``"*"``: a model without
-    one) for :data:`MODEL_VARIABLES`: what :data:`RESOURCE` holds, from the presets."""
-    from .presets import DEFAULT_MODEL, MODELS, VARIABLES, common, resolve
-
-    field = {name: VARIABLES[name][0] for name in BLOCK if name in VARIABLES}
-    out = {}
-    for dataset in LAUNCHED_DATA_SETS:
-        cfg = resolve(dataset, {})
-        values = {"MODEL": DEFAULT_MODEL, "ALGO": cfg.algo, "EVAL": render("EVAL", cfg.eval),
-                  **{name: render(name, cfg.trainer[f]) for name, f in field.items() if name not in MODEL_VARIABLES}}
-        models = {m: {name: render(name, resolve(dataset, {"MODEL": m}).trainer[field[name]]) for name in
-                      MODEL_VARIABLES} for m in MODELS}
-        models["*"] = {name: render(name, common(cfg.algo)[field[name]]) for name in MODEL_VARIABLES}
-        out[dataset] = {**values, "models": models}
-    return out
-
-
-def block(dataset: str, values: dict) -> str:
-    """The launcher's block of variables for ``dataset`` (``values``: :func:`generated_values`)."""
-    v = dict(values[dataset])
-    models, default = v.pop("models"), v["MODEL"]
-
-    def line(name, text):
-        return f"{f'{name}=${{{name}:-{text}}}':<44} # {BLOCK[name]}"
-
-    def differs(own):  # what a model's values change from the default model's
-        return tuple((n, own[n]) for n in MODEL_VARIABLES if own[n] != models[default][n])
-    groups: dict[tuple, list[str]] = {}  # the presets grouped by what they change
-    for model, own in models.items():
-        if model != "*":
-            groups.setdefault(differs(own), []).append(model)
-    cases = [*((names, changes, "") for changes, names in groups.items()),
-             (["*"], differs(models["*"]), "  # a model without a preset")]  # last
-    case = [f'case "${{MODEL,,}}" in  # the other models\' b0 and learning rates (Table 6); {default}\'s below']
-    for names, changes, note in cases:
-        sets = " ".join(f"{n}=${{{n}:-{t}}}" for n, t in changes)
-        case.append(f"  {'|'.join(names)}) {sets + ' ' if sets else ''};;{note}")
-    case.append("esac")
-    words, names = [*BLOCK], []  # the variables whose value the environment set: recorded before any is filled in
-    while words:
-        n = next((i for i in range(len(words), 0, -1) if len(" ".join(words[:i])) <= 90), 1)
-        names.append(("  " if names else f"{FROM_ENVIRONMENT}=$(for v in ") + " ".join(words[:n]) + " \\")
-        words = words[n:]
-    names[-1] = names[-1][:-2] + ";"
-    body = "\n".join([
-        *names, "  do [ -n \"${!v:-}\" ] && printf '%s ' \"$v\"; done; true)",
-        line("MODEL", v["MODEL"]), line("ALGO", v["ALGO"]), *case,
-        *(line(name, v[name] if name not in MODEL_VARIABLES else models[default][name])
-          for name in BLOCK if name not in ("MODEL", "ALGO")),
-        END])
-    return "\n".join([f"{START} for {dataset} ({default}'s where they depend on the model), written by",
-                      f"# scripts/write_launchers.py from tarpo/runs/presets.py (digest {_digest(body)})", body])
-
-
-def _digest(body: str) -> str:
-    return hashlib.sha256(body.encode()).hexdigest()[:12]
-
-
-def written(text: str, dataset: str, values: dict) -> str:
-    """A launcher's ``text`` with its block (between :data:`START` and :data:`END`) as :func:`block` writes it."""
-    start, end = text.index(START), text.index(END) + len(END)
-    return text[:start] + block(dataset, values) + text[end:]
-
-
-def edited_by_hand(text: str) -> bool:
-    """Whether a launcher's block differs from what the writer wrote into it: the digest its second line records
-    is not that of the lines below it (a researcher edited a value), or it records none."""
-    start, end = text.index(START), text.index(END) + len(END)
-    head, _, rest = text[start:end].partition("\n")
-    second, _, body = rest.partition("\n")
-    recorded = re.search(r"\(digest ([0-9a-f]+)\)$", second)
-    return recorded is None or recorded.group(1) != _digest(body)
