@@ -320,7 +320,7 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     ran = []
-    monkeypatch.setattr(launcher, "run_command", lambda cmd, env, stops=(), received=None: ran.append((cmd, env)) or 0)
+    monkeypatch.setattr(launcher, "run_command", lambda cmd, env, *a, **k: ran.append((cmd, env)) or 0)
     monkeypatch.setattr(training_run, "train", lambda *a, **k: pytest.fail("the launching process trained"))
     assert launcher.main(["gsm8k"]) == 0
     (train_cmd, train_env), (eval_cmd, eval_env) = ran
@@ -342,6 +342,38 @@ def test_several_processes_train_then_evaluate_through_accelerate_launch(tmp_pat
         monkeypatch.setenv("RANK", rank)
         assert launcher.main(["gsm8k"]) == 0
     assert trained == [16, 16] and len(ran) == 2
+
+
+def test_a_starter_stopped_outside_the_training_steps_ends_with_the_requeue_status(tmp_path, monkeypatch, capsys):
+    """With several processes: a stop signal while they load (none has made the run folder, none leaves a marker)
+    ends the starter with 75 and its line, and no evaluation (before: status 0, and EVAL=1 evaluated an adapter that
+    was never saved); one during the evaluation, which it ends (SIGTERM: the agent passes it on), with 75 too;
+    an evaluation that finished whatever came ends with its own status."""
+    import tarpo.runs.launch as launcher
+
+    for name in ("RANK", "LOCAL_RANK", launcher.LAUNCHED):
+        monkeypatch.delenv(name, raising=False)
+    for key, value in dict(MODEL=tiny_model_folder(tmp_path / "tiny"), OUT_DIR=str(tmp_path / "runs"),
+                           NUM_PROCESSES="2", ACCELERATE_USE_CPU="true", EVAL="1", DRY_RUN="0").items():
+        monkeypatch.setenv(key, value)
+    calls = []
+
+    def run_command(cmd, env, stops=(), received=None, stop_as_term=False, signalled=()):
+        name = "tarpo.cli" if "tarpo.cli" in cmd else "tarpo.runs.launch"
+        calls.append((name, stop_as_term))
+        if name in signalled:
+            received.append("SIGTERM")
+            return 143 if stop_as_term else 0
+        return 0
+    monkeypatch.setattr(launcher, "run_command", lambda *a, **k: run_command(*a, **k, signalled=signalled))
+    signalled = {"tarpo.runs.launch"}
+    assert launcher.main(["gsm8k"]) == 75 and calls == [("tarpo.runs.launch", False)]
+    assert ("tarpo launch: stopped by SIGTERM before training ended: nothing new was saved; run the same command "
+            "again to start it again (exit status 75)") in capsys.readouterr().out
+    calls.clear()
+    signalled = {"tarpo.cli"}
+    assert launcher.main(["gsm8k"]) == 75 and calls == [("tarpo.runs.launch", False), ("tarpo.cli", True)]
+    assert "stopped by SIGTERM" in capsys.readouterr().out
 
 
 def test_the_main_process_is_rank_0(monkeypatch):

@@ -204,7 +204,6 @@ CALLED_FROM_OUTSIDE = {
     "tarpo/training/callbacks.py:*.on_*": "TrainerCallback events: transformers' CallbackHandler calls them by name",
     "tarpo/training/preemption.py:*.on_*": "TrainerCallback events: transformers' CallbackHandler calls them by name",
 }
-REGISTERS = {"registered"}  # a class decorated so is read from its registry by name (tarpo.engine.soft_input)
 
 
 def sources(*folders: str) -> dict[str, str]:
@@ -244,14 +243,12 @@ def references(source: str) -> tuple[set[str], set[tuple[str | None, str]]]:
 
 
 def definitions(path: str, source: str) -> list[tuple[str, str | None, str]]:
-    """``(module, class or None, name)`` of every top-level function and class and every method but dunders; a
-    class put in a registry (decorated with a name of REGISTERS) is not listed, its registry reads it."""
+    """``(module, class or None, name)`` of every top-level function and class and every method but dunders."""
     module = os.path.splitext(os.path.basename(path))[0]
     module = os.path.basename(os.path.dirname(path)) if module == "__init__" else module
     out = []
     for node in ast.parse(source).body:
-        registered = any(getattr(d, "id", None) in REGISTERS for d in getattr(node, "decorator_list", ()))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not registered:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.append((module, None, node.name))
         if isinstance(node, ast.ClassDef):
             out += [(module, node.name, m.name) for m in node.body
@@ -308,11 +305,10 @@ def test_no_production_name_is_used_only_by_tests():
 def test_a_name_used_only_by_tests_is_found():
     package = {"tarpo/x.py": '"""``oracle`` is documented."""\ndef oracle(): pass\ndef used(): pass\n'
                              "def by_module(): pass\ndef by_attribute(): pass\nclass C:\n    def m(self): pass\n"
-                             "    def n(self): pass\n    def by_name(self): pass\n    def __len__(self): return 0\n"
-                             "@registered\nclass Kept:\n    pass\n"}
+                             "    def n(self): pass\n    def by_name(self): pass\n    def __len__(self): return 0\n"}
     production = ["from tarpo.x import used\nfrom tarpo import x\nused(), x.by_module(), C().n()\n"
                   "getattr(C(), 'by_name')\nrecord.by_attribute  # oracle()\n"]
-    tests = ["from tarpo.x import oracle, used, by_module, by_attribute, C, Kept\n"
+    tests = ["from tarpo.x import oracle, used, by_module, by_attribute, C\n"
              "oracle(), used(), by_module(), by_attribute(), C().m(), C().n(), C().by_name(), len(C())\n"]
     assert used_only_by_tests(package, production, tests) == ["tarpo/x.py:oracle", "tarpo/x.py:by_attribute",
                                                                "tarpo/x.py:C.m"]

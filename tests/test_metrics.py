@@ -89,3 +89,22 @@ def test_the_clip_ratios_are_trls_including_the_rows_extremes_and_cispos():
         "clip_ratio/low_min": 0.0, "clip_ratio/high_max": 0.3333}
     m = loss_type_metrics(LossSettings(**common, clip_eps_high=1.2, loss_type="cispo"), ratio.log(), rollout, adv)
     assert {k: round(v.item(), 4) for k, v in m.items()} == {"cispo_clip_ratio": 0.2}
+
+
+def test_the_steps_drift_percentile_is_torchs_at_any_size():
+    """metrics.nan_quantile (the step's logp_drift_p99) equals torch.nanquantile, and takes more than the 2**24
+    values torch's refuses (a long evaluation's drifts; before: "quantile() input tensor is too large")."""
+    import torch
+
+    from tarpo.training.metrics import nan_quantile
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 1000):
+        v = torch.rand(n, generator=g)
+        v[torch.rand(n, generator=g) < 0.3] = float("nan")
+        assert nan_quantile(v, 0.99).item() == pytest.approx(torch.nanquantile(v, 0.99).item(), abs=1e-7)
+    big = torch.linspace(0, 1, 2 ** 24 + 1)
+    with pytest.raises(RuntimeError, match="too large"):
+        torch.nanquantile(big, 0.99)
+    assert nan_quantile(big, 0.99).item() == pytest.approx(0.99, abs=1e-6)
+    assert torch.isnan(nan_quantile(torch.full((3,), float("nan")), 0.99))

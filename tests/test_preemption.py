@@ -105,3 +105,25 @@ def test_a_handler_python_did_not_install_is_put_back_as_the_default():
         assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_another_kind_of_signal_during_the_final_save_does_not_end_the_process(monkeypatch):
+    """The launch's handlers (tarpo.runs.launch_signals) during the final save: USR1 is kept until the save is done;
+    a TERM 5 s later (Slurm's next notice) changes nothing (before: it ended the process mid-save); the stop is then
+    raised as Preempted naming the first."""
+    import signal as signals
+
+    from tarpo.runs import launch_signals
+
+    clock = [100.0]
+    monkeypatch.setattr(launch_signals.time, "monotonic", lambda: clock[0])
+    before = {s: signals.getsignal(s) for s in (signals.SIGTERM, signals.SIGUSR1)}
+    with launch_signals.LaunchSignals(("TERM", "USR1")) as launch:
+        with pytest.raises(launch_signals.Preempted, match="SIGUSR1"):
+            with launch.deferred():
+                signals.raise_signal(signals.SIGUSR1)
+                clock[0] += 5.0
+                signals.raise_signal(signals.SIGTERM)  # another kind: kept, not a second request
+                saved = True
+        assert saved and launch.received == "SIGUSR1"
+    assert {s: signals.getsignal(s) for s in before} == before  # the handlers there before are back

@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 LEVELS = DECODE_MERGES[1:]  # all, attention, none: the most copies first (TarpoConfig.decode_merge without auto)
 FREE_SHARE = 0.8  # of the free memory, for the copies and the KV cache: the rest for the step's own tensors
-_chosen: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()  # model -> auto's level
+_chosen: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()  # model -> (auto's
+#                                                                                      level, the cache it allowed)
 _held: dict | None = None  # while weights_held(): (id(model), level) -> (model, weights)
 
 
@@ -51,21 +52,22 @@ def free_bytes(device: torch.device) -> int | None:
 
 def merge_level(model, requested: str, batch: int, length: int, device: torch.device) -> str:
     """The level a compiled rollout of ``model`` (``batch`` rows, a cache of ``length`` positions) decodes at:
-    ``requested``, or for ``auto`` the level chosen at the model's first such rollout and kept: the first of
+    ``requested``, or for ``auto`` the level chosen at the model's first such rollout and kept (chosen again for a
+    rollout whose KV cache is larger than the one it was chosen for; each process chooses its own): the first of
     :data:`LEVELS` whose copies (:func:`tarpo.engine.functional_decoder.merged_bytes`) and KV cache fit in
     :data:`FREE_SHARE` of :func:`free_bytes` (``all`` where the free memory is unknown)."""
     if requested != "auto":
         return requested
-    base = unwrap(model)
-    if base in _chosen:
-        return _chosen[base]
-    free, cache = free_bytes(device), functional_decoder.cache_bytes(model, batch, length)
+    base, cache = unwrap(model), functional_decoder.cache_bytes(model, batch, length)
+    if base in _chosen and cache <= _chosen[base][1]:  # kept while the rollouts need no larger cache
+        return _chosen[base][0]
+    free = free_bytes(device)
     level = LEVELS[0] if free is None else next(
         (m for m in LEVELS[:-1] if functional_decoder.merged_bytes(model, m) + cache <= FREE_SHARE * free), LEVELS[-1])
     logger.info("decode_merge=auto: %s (copies %.2f GiB, KV cache %.2f GiB, free %s)", level,
                 functional_decoder.merged_bytes(model, level) / 2 ** 30, cache / 2 ** 30,
                 "unknown" if free is None else f"{free / 2 ** 30:.1f} GiB")
-    _chosen[base] = level
+    _chosen[base] = (level, cache)
     return level
 
 
@@ -75,7 +77,7 @@ def weights_held():
     an evaluation, whose weights do not change between its chunks. Not for a sharded (FSDP2) model: its gathered
     tensors are freed after each rollout."""
     global _held
-    outer, _held = _held, ({} if _held is None else _held)
+    outer, _held = _held, {}  # a scope of its own: an inner block never reuses weights an outer one built
     try:
         yield
     finally:

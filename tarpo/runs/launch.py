@@ -86,18 +86,19 @@ def launch_processes(cfg: LaunchConfig, args) -> int:
     # every process trains in the micro-batch planned here
     env = {**os.environ, LAUNCHED: "1", "MICRO_BATCH": str(cfg.memory_plan["micro_batch"])}
     preemption.clear_stop(cfg.run_dir)
-    stops = signal_numbers(cfg.trainer.get("save_on_signals", ()))
-    status = run_command(training_command(cfg), env, stops)
+    stops, received = signal_numbers(cfg.trainer.get("save_on_signals", ())), []
+    status = run_command(training_command(cfg), env, stops, received)
     stopped = preemption.stop_line(cfg.run_dir)
     if stopped is not None:  # the processes stopped at a signal (tarpo.runs.launch_signals)
         print(stopped, flush=True)
         return preemption.EXIT_PREEMPTED
+    if received:  # a stop signal, and no process left a marker: they stopped before the run folder was made
+        return preempted(cfg, args, received[0])
     if status != 0 or not cfg.eval:
         return status
-    received = []
     status = run_command(evaluation_command(cfg, os.path.join(cfg.run_dir, "adapter")), dict(os.environ), stops,
-                         received)
-    return preempted(cfg, args, received[0], evaluating=True) if received else status
+                         received, stop_as_term=True)
+    return preempted(cfg, args, received[0], evaluating=True) if received and status != 0 else status
 
 
 def preempted(cfg: LaunchConfig, args, signal_name: str, evaluating: bool = False) -> int:

@@ -9,7 +9,8 @@ and, with ``EVAL=1``, evaluates. :class:`LaunchSignals` holds the same signals f
   the evaluation: :class:`Preempted` is raised at once; every file the launch writes is written whole or not at all
   (checkpoints, the adapter, the evaluation's chunks), so nothing is left half-written;
 - during the final save (:meth:`LaunchSignals.deferred`): the save finishes first, then the launch stops before
-  ``EVAL=1``; the same signal again later than :data:`tarpo.training.preemption.DUPLICATE_S` ends the process;
+  ``EVAL=1``; the same signal again later than :data:`tarpo.training.preemption.DUPLICATE_S` ends the process
+  (another kind, e.g. Slurm's SIGTERM after its USR1, changes nothing);
 - a copy of the first signal (a process group's and a launcher's) changes nothing.
 
 The launcher then leaves the marker, prints its one line (what is complete, what the same command does again) and
@@ -37,8 +38,8 @@ class LaunchSignals:
     .save_on_signals``; none: nothing is installed); ``received``: the first signal's name."""
 
     def __init__(self, signals):
-        self.signals, self.received, self._first, self._defer, self._previous = signal_numbers(signals), None, 0.0, \
-            False, {}
+        self.signals, self.received, self._first, self._defer, self._previous = signal_numbers(signals), None, \
+            (0, 0.0), False, {}
         self.evaluating = False  # EVAL=1's evaluation has started (set by the launcher)
 
     def __enter__(self):
@@ -54,11 +55,12 @@ class LaunchSignals:
     def _handle(self, signum, _frame):
         now = time.monotonic()
         if self.received is None:
-            self.received, self._first = signal.Signals(signum).name, now
+            self.received, self._first = signal.Signals(signum).name, (signum, now)
             if not self._defer:
                 raise Preempted(self.received)
             return
-        if self._defer and now - self._first >= DUPLICATE_S:  # again, during the save: it hangs; end the process
+        first, at = self._first  # the same kind again during the save, not a copy: it hangs; end the process (another
+        if self._defer and signum == first and now - at >= DUPLICATE_S:  # kind is a scheduler's next notice)
             self.__exit__()
             signal.raise_signal(signum)
 

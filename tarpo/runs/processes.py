@@ -162,12 +162,14 @@ def training_processes(root: int) -> list[int]:
     return found
 
 
-def run_command(cmd: list[str], env: dict[str, str], stop_signals=(), received: list | None = None) -> int:
+def run_command(cmd: list[str], env: dict[str, str], stop_signals=(), received: list | None = None,
+                stop_as_term: bool = False) -> int:
     """Run ``cmd`` and return its exit status (128 + N when signal N ended it). A signal of ``stop_signals`` sent
     to this process goes to the training processes below it (:func:`training_processes`), others (SIGINT, SIGTERM
     and SIGHUP when they are not stop signals) to ``cmd``: stopping the launcher (a scheduler's kill) stops the
     processes it started, and a preemption lets them save first. ``received``: the names of the stop signals that
-    came are appended to it."""
+    came are appended to it. ``stop_as_term``: a stop signal is sent to ``cmd`` as SIGTERM (an evaluation under
+    ``accelerate launch``, whose agent passes SIGTERM on to its workers but dies of a USR1 and leaves them running)."""
     print(f"tarpo launch: running {shlex.join(cmd)}", flush=True)
     proc = subprocess.Popen(cmd, env=env)
     stops = set(stop_signals)
@@ -175,6 +177,9 @@ def run_command(cmd: list[str], env: dict[str, str], stop_signals=(), received: 
     def forward(sig, _frame):
         if sig in stops and received is not None:
             received.append(signal.Signals(sig).name)
+        if sig in stops and stop_as_term:
+            proc.send_signal(signal.SIGTERM)
+            return
         targets = training_processes(proc.pid) if sig in stops else []
         for pid in targets:
             try:

@@ -36,7 +36,8 @@ def cpu_run_estimate(cfg: LaunchConfig, model, tokenizer, dataset) -> float:
     of the run, and return the run's seconds. Before any file of the run is written."""
     t = cfg.trainer
     rows = t["per_device_train_batch_size"] * t.get("gradient_accumulation_steps", 1)
-    sample = [prompt_ids(tokenizer, p, t["max_prompt_length"], i)[0] for i, p in enumerate(dataset["prompt"][:64])]
+    sample = [prompt_ids(tokenizer, p, t["max_prompt_length"], i, t.get("chat_template_kwargs"))[0]
+              for i, p in enumerate(dataset["prompt"][:64])]
     prompt = round(sum(map(len, sample)) / max(1, len(sample)))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     lengths = completion_lengths(model, sample[:PROBE_PROMPTS], t["max_completion_length"],

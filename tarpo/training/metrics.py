@@ -87,6 +87,22 @@ def flush_reward_logs(trainer, mode: str, rows: int) -> None:
     pending.clear()
 
 
+def nan_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
+    """``torch.nanquantile(values, q)`` of a 1-D tensor (linear interpolation), of any size (torch's refuses more
+    than 2**24 values: a long evaluation's drifts) and without a host read (the NaNs sort last).
+
+        >>> v = torch.tensor([0.5, float("nan"), 0.1, 0.3])
+        >>> round(nan_quantile(v, 0.5).item(), 4), round(torch.nanquantile(v, 0.5).item(), 4)
+        (0.3, 0.3)
+    """
+    ordered = torch.sort(values).values
+    count = (~torch.isnan(values)).sum()
+    at = q * (count - 1).clamp(min=0).to(ordered.dtype)
+    low, high = at.floor().long(), at.ceil().long()
+    value = ordered[low] + (ordered[high] - ordered[low]) * (at - low.to(ordered.dtype))
+    return torch.where(count > 0, value, torch.full_like(value, float("nan")))
+
+
 class LossFigures:
     """The loss step's figures (:func:`tarpo.training.loss_inputs.rollout_loss`'s terms: the objective's, the
     importance-sampling statistics, the drift, ``kl``; :func:`loss_type_metrics`'s clip ratios), kept on the device
@@ -112,12 +128,17 @@ class LossFigures:
         self.pending[mode].append((names, reduced))
         self.drifts[mode].append(drift.detach().float().flatten())
 
+    def discard(self, mode: str) -> None:
+        """Drop ``mode``'s pending figures (an evaluation's that ``predict`` left: it never logs)."""
+        self.pending[mode].clear()
+        self.drifts[mode].clear()
+
     def flush(self, mode: str, metrics) -> None:
         """Every pending figure of ``mode`` into ``metrics`` (TRL's ``_metrics[mode]``): the one host read."""
         entries, drifts = self.pending[mode], self.drifts[mode]
         if not entries:
             return
-        p99 = self.gather(torch.nanquantile(torch.cat(drifts), 0.99)[None]).max()
+        p99 = self.gather(nan_quantile(torch.cat(drifts), 0.99)[None]).max()
         values = torch.cat([v for _, v in entries] + [p99[None]]).tolist()
         at = 0
         for names, _ in entries:

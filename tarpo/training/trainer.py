@@ -145,6 +145,7 @@ class TarpoTrainer(GRPOTrainer):
     def evaluate(self, *args, **kwargs):
         """TRL's evaluation, the compiled engine's decode weights built once for it (the adapter does not change);
         each rollout builds its own under FSDP2, whose gathered tensors are freed after it."""
+        self._loss_figures.discard("eval")  # what a predict() left: only this evaluation's figures are logged
         with contextlib.nullcontext() if sharding.units(self.model) else weights_held():
             return super().evaluate(*args, **kwargs)
 
