@@ -61,12 +61,11 @@ def merge_level(model, requested: str, batch: int, length: int, device: torch.de
     base, cache = unwrap(model), functional_decoder.cache_bytes(model, batch, length)
     if base in _chosen and cache <= _chosen[base][1]:  # kept while the rollouts need no larger cache
         return _chosen[base][0]
-    free = free_bytes(device)
+    free, copies = free_bytes(device), {m: functional_decoder.merged_bytes(model, m) for m in LEVELS}
     level = LEVELS[0] if free is None else next(
-        (m for m in LEVELS[:-1] if functional_decoder.merged_bytes(model, m) + cache <= FREE_SHARE * free), LEVELS[-1])
+        (m for m in LEVELS[:-1] if copies[m] + cache <= FREE_SHARE * free), LEVELS[-1])
     logger.info("decode_merge=auto: %s (copies %.2f GiB, KV cache %.2f GiB, free %s)", level,
-                functional_decoder.merged_bytes(model, level) / 2 ** 30, cache / 2 ** 30,
-                "unknown" if free is None else f"{free / 2 ** 30:.1f} GiB")
+                copies[level] / 2 ** 30, cache / 2 ** 30, "unknown" if free is None else f"{free / 2 ** 30:.1f} GiB")
     _chosen[base] = (level, cache)
     return level
 

@@ -110,6 +110,11 @@ def _group(*projections: Projection) -> Group:
     return Group(tuple(p._replace(lora=()) for p in projections), tuple(lora), sizes)
 
 
+def head_dim_of(config) -> int:
+    """A head's width: the config's ``head_dim``, else the hidden size over the heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def rotary_frequencies(config, device) -> tuple[torch.Tensor, float]:
     """The inverse frequencies and scaling of the config's rope type, from transformers' own functions."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -117,7 +122,7 @@ def rotary_frequencies(config, device) -> tuple[torch.Tensor, float]:
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dim = head_dim_of(config)
         inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         return inv_freq.to(device), 1.0
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, device)
@@ -231,7 +236,7 @@ def decoder_weights(model, merge: str = "all") -> DecoderWeights:
     layers = tuple(_layer_weights(layer, merge, dtype) for layer in decoder.layers)
     inv_freq, scale = rotary_frequencies(config, decoder.norm.weight.device)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    head_dim = head_dim_of(config)
     return DecoderWeights(layers, decoder.norm.weight, inv_freq, scale, float(config.rms_norm_eps), heads, kv_heads,
                           head_dim)
 
@@ -240,8 +245,7 @@ def cache_bytes(model, batch: int, length: int) -> int:
     """Bytes of :func:`new_cache` of ``model`` (keys and values of every layer in the compute dtype)."""
     base = unwrap(model)
     config = base.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return (2 * config.num_hidden_layers * batch * config.num_key_value_heads * length * head_dim
+    return (2 * config.num_hidden_layers * batch * config.num_key_value_heads * length * head_dim_of(config)
             * base.get_input_embeddings().weight.element_size())
 
 

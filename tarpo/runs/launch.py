@@ -36,7 +36,7 @@ from dataclasses import replace
 from . import launcher_values, run_identity
 from .launch_config import LaunchConfig
 from .presets import checked_variables, resolve
-from .processes import (LAUNCHED, accelerate_prefix, check_processes, process_rank, run_command,
+from .processes import (LAUNCHED, accelerate_prefix, check_processes, first_on_machine, process_rank, run_command,
                         training_command)
 
 
@@ -116,7 +116,7 @@ def preempted(cfg: LaunchConfig, args, signal_name: str, evaluating: bool = Fals
     else:
         when, saved = "before training ended", last_complete_checkpoint(cfg.run_dir, report=lambda _: None)
         then = "resume from it" if saved else "start it again"
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and os.path.isdir(cfg.run_dir):  # none before the folder is
+    if first_on_machine() and os.path.isdir(cfg.run_dir):  # none before the folder is
         preemption.record_stop(cfg.run_dir, signal_name, None, saved, when, then)  # made: its starter says so
     if os.environ.get(LAUNCHED) == "1":  # the process that started this one says so
         return 0

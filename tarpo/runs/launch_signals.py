@@ -9,7 +9,7 @@ and, with ``EVAL=1``, evaluates. :class:`LaunchSignals` holds the same signals f
   the evaluation: :class:`Preempted` is raised at once; every file the launch writes is written whole or not at all
   (checkpoints, the adapter, the evaluation's chunks), so nothing is left half-written;
 - during the final save (:meth:`LaunchSignals.deferred`): the save finishes first, then the launch stops before
-  ``EVAL=1``; the same signal again later than :data:`tarpo.training.preemption.DUPLICATE_S` ends the process
+  ``EVAL=1``; the same signal asked again (:func:`tarpo.training.preemption.asks_again`) ends the process
   (another kind, e.g. Slurm's SIGTERM after its USR1, changes nothing);
 - a copy of the first signal (a process group's and a launcher's) changes nothing.
 
@@ -25,7 +25,7 @@ import threading
 import time
 
 from ..config import signal_numbers
-from ..training.preemption import DUPLICATE_S
+from ..training.preemption import asks_again, install, put_back
 
 
 class Preempted(BaseException):
@@ -44,13 +44,12 @@ class LaunchSignals:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
+            self._previous = install(self.signals, self._handle)
         return self
 
     def __exit__(self, *exc):
         previous, self._previous = self._previous, {}
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        put_back(previous)
 
     def _handle(self, signum, _frame):
         now = time.monotonic()
@@ -59,8 +58,7 @@ class LaunchSignals:
             if not self._defer:
                 raise Preempted(self.received)
             return
-        first, at = self._first  # the same kind again during the save, not a copy: it hangs; end the process (another
-        if self._defer and signum == first and now - at >= DUPLICATE_S:  # kind is a scheduler's next notice)
+        if self._defer and asks_again(self._first, signum, now):  # during the save, asked again: it hangs; end it
             self.__exit__()
             signal.raise_signal(signum)
 

@@ -173,8 +173,8 @@ def decode_copy_elements(s: Shapes, merge: str, half: bool) -> int:
             return len(names) * r * (p[names[0]][0] + sum(p[n][1] for n in names))
         return sum(adapter_one(n) for n in names)
     qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
-    covered = {"all": {*qkv, "o_proj", *gate_up, "down_proj"}, "auto": {*qkv, "o_proj", *gate_up, "down_proj"},
-               "attention": {*qkv, "o_proj"}}.get(merge, set())
+    level = "all" if merge == "auto" else merge  # not yet chosen: planned at the most it may copy
+    covered = {"all": {*qkv, "o_proj", *gate_up, "down_proj"}, "attention": {*qkv, "o_proj"}}.get(level, set())
 
     def group(names):  # merged where the level covers it and one of its projections carries LoRA
         return merged_group(names) if lora & covered & set(names) else adapter_group(names)

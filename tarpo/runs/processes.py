@@ -82,6 +82,12 @@ def process_rank() -> int:
     return int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
 
 
+def first_on_machine() -> bool:
+    """Whether this process is its machine's first (``LOCAL_RANK`` 0, or alone): the one that writes what each
+    machine's launcher reads in its own run folder (the preemption marker)."""
+    return int(os.environ.get("LOCAL_RANK") or 0) == 0
+
+
 def accelerate_prefix(cfg: LaunchConfig) -> list[str] | None:
     """The ``accelerate launch`` command line, up to the module it runs, that starts the run's
     processes; None for one plain process (NUM_PROCESSES=1 and no ACCELERATE_CONFIG).

@@ -28,7 +28,7 @@ from ..training.trainer import TarpoTrainer
 from . import run_identity
 from .cpu_estimate import PROBE_PROMPTS, completion_lengths, describe, planned_steps, probe
 from .launch_config import LaunchConfig
-from .processes import process_rank
+from .processes import first_on_machine, process_rank
 
 
 def cpu_run_estimate(cfg: LaunchConfig, model, tokenizer, dataset) -> float:
@@ -113,7 +113,7 @@ def train(cfg: LaunchConfig, args, ident: dict, signals=None) -> str | None:
         stop = trainer.stop_signal
         stopped = stop is not None and stop.stopped_at is not None
         if stopped and trainer.state.global_step < trainer.state.max_steps:
-            if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # each machine's first process: checkpoint-<step> saved
+            if first_on_machine():  # checkpoint-<step> saved; each machine's launcher reads its own run folder
                 preemption.record_stop(run_dir, stop.received, stop.stopped_at)
             return None
         with signals.deferred() if signals is not None else contextlib.nullcontext():

@@ -95,11 +95,14 @@ def nan_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
         >>> round(nan_quantile(v, 0.5).item(), 4), round(torch.nanquantile(v, 0.5).item(), 4)
         (0.3, 0.3)
     """
+    if values.numel() == 0:
+        return values.new_full((), float("nan"))
     ordered = torch.sort(values).values
     count = (~torch.isnan(values)).sum()
     at = q * (count - 1).clamp(min=0).to(ordered.dtype)
-    low, high = at.floor().long(), at.ceil().long()
-    value = ordered[low] + (ordered[high] - ordered[low]) * (at - low.to(ordered.dtype))
+    low, high = at.floor().long().view(1), at.ceil().long().view(1)
+    below, above = ordered.index_select(0, low)[0], ordered.index_select(0, high)[0]  # indexing by a tensor: no read
+    value = below + (above - below) * (at - low[0].to(ordered.dtype))
     return torch.where(count > 0, value, torch.full_like(value, float("nan")))
 
 
@@ -119,7 +122,7 @@ class LossFigures:
         self.drifts = {"train": [], "eval": []}   # a micro-batch's |delta log p| [B * T], NaN off its steps
 
     def add(self, mode: str, terms: dict, drift: torch.Tensor) -> None:
-        """A micro-batch's ``terms`` (0-dim tensors) and its drift (:func:`logp_drift`'s ``diff``): no host read."""
+        """A micro-batch's ``terms`` (0-dim tensors) and its drift (:func:`drift_steps`): no host read."""
         names = tuple(terms)
         every = self.gather(torch.stack([terms[n].detach().float().reshape(()) for n in names])[None])
         every = every.reshape(-1, len(names))
@@ -166,13 +169,17 @@ def logp_drift(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tenso
     >>> {k: round(v.item(), 4) for k, v in d.items()}
     {'logp_drift': 0.1, 'logp_drift_p99': 0.198, 'logp_drift_max': 0.2, 'logp_drift_frac_over_0.1': 0.5}
     """
-    diff = (logp - rollout_logp).abs()
+    diff = drift_steps(logp, rollout_logp, mask)
     count = mask.sum().clamp(min=1)
-    inside = torch.where(mask, diff, 0.0)
-    return {"logp_drift": inside.sum() / count,
-            "logp_drift_p99": torch.nanquantile(torch.where(mask, diff, float("nan")).flatten(), 0.99),
-            "logp_drift_max": inside.max(),
-            f"logp_drift_frac_over_{DRIFT_OVER:g}": ((diff > DRIFT_OVER) & mask).sum() / count}
+    inside = diff.nan_to_num(0.0)
+    return {"logp_drift": inside.sum() / count, "logp_drift_p99": nan_quantile(diff.flatten(), 0.99),
+            "logp_drift_max": inside.max(), f"logp_drift_frac_over_{DRIFT_OVER:g}": (diff > DRIFT_OVER).sum() / count}
+
+
+def drift_steps(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``|logp - rollout_logp|`` at the steps of ``mask``, NaN elsewhere ([B, T]): the drift :func:`logp_drift`
+    summarises and :class:`LossFigures` takes a step's percentile of."""
+    return torch.where(mask, (logp - rollout_logp).abs(), float("nan"))
 
 
 CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the loss types TRL logs clip ratios for

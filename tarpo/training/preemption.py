@@ -41,6 +41,26 @@ def any_process(flag: bool) -> bool:
     return bool(on_any_rank(torch.tensor(flag)))
 
 
+def install(signals, handler) -> dict:
+    """``handler`` for each of ``signals``; returns the handlers there were before (for :func:`put_back`)."""
+    return {s: signal.signal(s, handler) for s in signals}
+
+
+def put_back(previous: dict) -> None:
+    """The handlers :func:`install` returned, put back; one that Python did not install (``signal.signal`` gave
+    None) as the default one."""
+    for s, handler in previous.items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def asks_again(first: tuple, signum: int, now: float) -> bool:
+    """Whether ``signum`` at ``now`` (monotonic seconds), after the first signal ``first`` = ``(number, time)``, is a
+    second request to stop at once: the same kind, :data:`DUPLICATE_S` or more later. Within that it is a copy of
+    the first (a process group's and a launcher's); another kind (a scheduler's SIGTERM after its early-warning
+    USR1) is its next notice."""
+    return signum == first[0] and now - first[1] >= DUPLICATE_S
+
+
 class SaveOnSignal(TrainerCallback):
     """Stop at the end of the step in flight, with a checkpoint, when one of ``signals`` arrives (handlers set
     while training, the previous ones put back after). ``received``: the first signal's name; ``stopped_at``: the
@@ -56,10 +76,7 @@ class SaveOnSignal(TrainerCallback):
             self.received = self.received or signal.Signals(signum).name
             self._first = (signum, now)
             return
-        first, at = self._first
-        # another kind (a scheduler's SIGTERM after its early-warning USR1) is its next notice, not a request to
-        # stop at once; the same one within DUPLICATE_S is a copy (a process group's and a launcher's)
-        if signum != first or now - at < DUPLICATE_S:
+        if not asks_again(self._first, signum, now):
             return
         # a second one (a step or a save that hangs): the usual "second signal forces" rule, the handler that was
         # there before takes it (the default one ends the process)
@@ -72,15 +89,13 @@ class SaveOnSignal(TrainerCallback):
         if threading.current_thread() is not threading.main_thread():
             logger.warning("training outside the main thread: a signal cannot stop it with a checkpoint")
             return
-        self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
+        self._previous = install(self.signals, self._handle)
 
     def restore(self) -> None:
         """Put back the handlers there were before training (idempotent; TarpoTrainer.train calls it on every way
-        out, an exception included). A handler that Python did not install (``signal.signal`` gave None) is put
-        back as the default one."""
+        out, an exception included; :func:`put_back`)."""
         previous, self._previous = self._previous, {}
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        put_back(previous)
 
     def on_step_end(self, args, state, control, **kwargs):
         if any_process(self.received is not None):

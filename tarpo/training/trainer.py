@@ -260,7 +260,7 @@ class TarpoTrainer(GRPOTrainer):
         if mode == "train":  # an evaluation's loss never decides a training step
             self.nonfinite.observe_loss(loss)
         terms.pop("logp_drift_p99")  # one a step, over all its micro-batches (LossFigures)
-        drift = torch.where(rollout.completion_mask, (scores.logp_tok.detach() - rollout.logp).abs(), float("nan"))
+        drift = metrics.drift_steps(scores.logp_tok.detach(), rollout.logp, rollout.completion_mask)
         self._loss_figures.add(mode, terms, drift)  # read once a step (flushed at the optimizer step, the log)
         return loss / accumulated
 
