@@ -8,7 +8,7 @@ the trainer's autocast (:func:`tarpo.engine.precision.mixed_precision`: with bf1
 bf16 too, as in training; before 2026-11-27 this benchmark ran them in fp32, so its earlier step times, 8.4 ms on
 the H100 and 5.36 ms on the H200, time another graph). Each position runs
 with the engine's rule (``written``: attention over the written slots, rounded up to
-:data:`tarpo.engine.static_decode.ATTENTION_BUCKET`) and over the whole cache (``full``, the engine before that
+:data:`tarpo.engine.step_replay.ATTENTION_BUCKET`) and over the whole cache (``full``, the engine before that
 rule); positions and modes are interleaved over ``--rounds`` rounds, all in one process, on one compiled graph
 (same batch, steps, cache). ``kv_gb_per_step``: the K/V bytes a step reads at the middle of its steps.
 
@@ -39,6 +39,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tarpo.architectures import ARCHITECTURES  # noqa: E402
 from tarpo.config import TarpoConfig  # noqa: E402
 from tarpo.engine import static_decode  # noqa: E402
+try:  # the step's runner and attention spans: static_decode's in a tree before tarpo/engine/step_replay.py
+    from tarpo.engine import step_replay  # noqa: E402
+except ImportError:
+    step_replay = static_decode
 from tarpo.engine.precision import mixed_precision  # noqa: E402
 from tarpo.engine.rollout import Policy, RolloutSpec, hybrid_generate  # noqa: E402
 from tarpo.engine.soft_input import TOP_K_MIXTURE  # noqa: E402
@@ -80,10 +84,10 @@ def load_lora_model(model_dir: str, cuda: bool, cache: int, steps: int, targets:
 
 
 class StepClock:
-    """Wraps :func:`tarpo.engine.static_decode.step_runner`: the time of every step call of a rollout."""
+    """Wraps :func:`tarpo.engine.step_replay.step_runner`: the time of every step call of a rollout."""
 
     def __init__(self, cuda: bool):
-        self.cuda, self.calls, self.runner = cuda, [], static_decode.step_runner
+        self.cuda, self.calls, self.runner = cuda, [], step_replay.step_runner
 
     def __enter__(self):
         def timed_runner(call, *where):  # (mask, device); (device) in the engine before issue 46
@@ -101,11 +105,11 @@ class StepClock:
                     run(*span)
                     self.calls.append(time.perf_counter() - t0)
             return step
-        static_decode.step_runner = timed_runner
+        step_replay.step_runner = timed_runner
         return self
 
     def __exit__(self, *exc):
-        static_decode.step_runner = self.runner
+        step_replay.step_runner = self.runner
 
     def step_ms(self) -> float:
         """Median milliseconds of the steps after the first two."""
@@ -130,7 +134,7 @@ def measure(model, tok, args, cuda: bool) -> dict:
 
     def rollout(p, mode="written", merge=None):
         if bucket is not None:  # None: the engine before issue 46, which always attends over the whole cache
-            static_decode.ATTENTION_BUCKET = bucket if mode == "written" else 10 ** 9  # "full": all slots
+            step_replay.ATTENTION_BUCKET = bucket if mode == "written" else 10 ** 9  # "full": all slots
         run_spec = spec if merge is None else replace(spec, decode_merge=merge)  # a tree before issue 55: no merge
         with StepClock(cuda) as clock, mixed_precision(policy.backbone):  # the trainer's autocast: bf16 LoRA
             if cuda:
@@ -141,7 +145,7 @@ def measure(model, tok, args, cuda: bool) -> dict:
                 torch.cuda.synchronize()
             return time.perf_counter() - t0, clock.step_ms()
 
-    bucket = getattr(static_decode, "ATTENTION_BUCKET", None)
+    bucket = getattr(step_replay, "ATTENTION_BUCKET", None)
     first_total, _ = rollout(args.positions[0], args.modes[0], args.merges[0])
     runs = [(p, mode, merge) for p in args.positions for mode in args.modes for merge in args.merges]
     totals, steps = {run: [] for run in runs}, {run: [] for run in runs}
@@ -151,13 +155,13 @@ def measure(model, tok, args, cuda: bool) -> dict:
             totals[run].append(total)
             steps[run].append(step)
     if bucket is not None:
-        static_decode.ATTENTION_BUCKET = bucket
+        step_replay.ATTENTION_BUCKET = bucket
     kv_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * (
         model.config.hidden_size // model.config.num_attention_heads) * (2 if cuda else 4)
     for p, mode, merge in runs:
         span = res["cache"]
-        if mode == "written" and hasattr(static_decode, "attention_span"):
-            span = static_decode.attention_span(p + args.steps // 2, res["cache"])
+        if mode == "written" and hasattr(step_replay, "attention_span"):
+            span = step_replay.attention_span(p + args.steps // 2, res["cache"])
         key = mode if len(args.merges) == 1 else f"{mode}/{merge}"
         run = p, mode, merge
         res["positions"].setdefault(str(p), {})[key] = {

@@ -183,7 +183,8 @@ def _jsonl(path: str) -> list[dict]:
 def learning_summary(dest: str) -> dict:
     """call1's figures: the learning check's ``learning.json`` where it finished, else each run's figures from
     the ``learning-<algo>.jsonl`` copies (a check cut short); an algorithm with no step logged is ``null``."""
-    from tarpo.runs.learning_check import ALGOS, summarize
+    from tarpo.runs.learning_check import ALGOS
+    from tarpo.runs.learning_curves import summarize
     done = os.path.join(dest, "learning.json")
     if os.path.isfile(done):
         return json.load(open(done))["learning"]

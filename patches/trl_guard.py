@@ -37,21 +37,30 @@ def pristine_grpo_trainer():
     return cls
 
 
+def _defined_by_us(owner, name):
+    """The class of ``owner``'s MRO whose ``name`` ``owner`` runs when it is the project's (``owner`` itself or one
+    of its mixins, e.g. tarpo.training.trainer_checkpoints), else None (TRL's or transformers' own method)."""
+    cls = next((c for c in owner.__mro__ if name in c.__dict__), None)
+    return None if cls is None or cls.__module__.startswith(("trl.", "transformers.")) else cls
+
+
 def check_overrides(trainer, owner) -> None:
-    """Raise :class:`PatchError` unless every PROTECTED method that ``owner`` defines runs as defined."""
+    """Raise :class:`PatchError` unless every PROTECTED method that ``owner`` (or a mixin of it) defines runs as
+    defined."""
     bad = [c for c in type(trainer).__mro__ if c.__name__.startswith(("Unsloth", "_Unsloth"))]
     if bad:
         raise PatchError(f"{type(trainer).__name__} inherits from {bad[0].__module__}.{bad[0].__name__} "
                          "(Unsloth's rewrite of TRL's GRPOTrainer); import tarpo before unsloth")
     for name in PROTECTED:
-        if name not in owner.__dict__:
+        ours = _defined_by_us(owner, name)
+        if ours is None:
             continue
         if name in vars(trainer):
             raise PatchError(f"{name} of {type(trainer).__name__} was replaced on the instance by "
                              f"{vars(trainer)[name]!r}")
         static = inspect.getattr_static(type(trainer), name)
         defined_by = next(c for c in type(trainer).__mro__ if name in c.__dict__)
-        if not issubclass(defined_by, owner):
+        if not (issubclass(defined_by, owner) or defined_by is ours):
             raise PatchError(f"{name} of {type(trainer).__name__} resolves to {defined_by.__qualname__}.{name}")
         markers = [a for a in getattr(static, "__dict__", {}) if a.startswith("_unsloth")]
         if markers:

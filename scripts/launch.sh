@@ -5,7 +5,7 @@
 # the data set and MODEL (docs/algorithm.md §5; the values live in tarpo/runs/presets.py and TarpoConfig; the
 # comments below give what a variable means and takes, not its default). DRY_RUN=1 prints the resolved configuration, every default included (its last line is one JSON
 # object), and exits. A variable the launcher does not know would be ignored, so one that looks meant for it is
-# refused, naming the variable meant (tarpo.runs.presets.misspelt): a variable's name in another case or the
+# refused, naming the variable meant (tarpo.runs.launch_variables.misspelt): a variable's name in another case or the
 # TarpoConfig field it sets (IMPORTANCE_SAMPLING_LEVEL: IS_LEVEL), a near spelling (difflib ratio >= 0.85:
 # LAMDA), or a name that begins ACTION_, ENTROPY_, EPSILON_, GUMBEL_, HRPO_, LORA_, NOISE_, ROUTER_ or SOFT_
 # (GUMBEL_TAU). Other programs' variables (PATH, CUDA_VISIBLE_DEVICES, WANDB_*, MASTER_PORT, ...) are left

@@ -51,10 +51,10 @@ def test_no_attention_call_of_a_training_step_would_run_on_cudas_math_kernel(mod
 
 
 def test_the_compiled_engines_decoder_would_run_no_call_on_cudas_math_kernel(model, tokenizer):
-    from tarpo.engine import functional_decoder as fd
+    from tarpo.engine import decoder_tensors, functional_decoder as fd
     from tarpo.engine.backbone import Backbone, positions_from_mask
 
-    backbone, weights = Backbone(model), fd.decoder_weights(model)
+    backbone, weights = Backbone(model), decoder_tensors.build(model)
     mask = torch.ones(3, 10, dtype=torch.long)
     mask[1, :4] = 0  # a left-padded row
     cache = fd.new_cache(weights, 3, 16, torch.float32, "cpu")

@@ -10,7 +10,8 @@ import pytest
 
 from tarpo.runs import launch
 from tarpo.cli import main as cli
-from tarpo.tasks.registry import DataError, load_task
+from tarpo.tasks.record_parsers import DataError
+from tarpo.tasks.registry import load_task
 from tarpo.models.tiny import char_tokenizer
 
 LAUNCH_VARIABLES = ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN", "LR", "GROUP_SIZE", "BATCH", "EVAL_N")

@@ -168,7 +168,7 @@ def fake_checkpoint(run_dir, step, drop=(), manifest=True):
 
 
 def test_resume_takes_the_newest_complete_checkpoint_and_names_the_incomplete_ones(tmp_path):
-    from tarpo.training.checkpoints import last_complete_checkpoint, resume_point
+    from tarpo.training.resume import last_complete_checkpoint, resume_point
 
     run = tmp_path / "run"
     fake_checkpoint(run, 1)
@@ -195,7 +195,8 @@ def test_resume_takes_the_newest_complete_checkpoint_and_names_the_incomplete_on
 
 
 def test_a_run_is_finished_when_its_adapter_says_it_reached_the_planned_steps(tmp_path):
-    from tarpo.training.checkpoints import FINAL_STATE, finished_step, publish
+    from tarpo.training.checkpoints import FINAL_STATE, publish
+    from tarpo.training.resume import finished_step
 
     run = tmp_path / "run"
     fake_checkpoint(run, 3)

@@ -158,7 +158,7 @@ def zero_reward_runs(tmp_path_factory):
     tolerance that plain kernels allow."""
     if not os.path.isdir(os.path.join(DATA, "gsm8k")):
         pytest.skip("../shared/data is not beside the checkout")
-    from tarpo.runs.presets import SETTINGS, VARIABLES
+    from tarpo.runs.launch_variables import SETTINGS, VARIABLES
     from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
 
     root = tmp_path_factory.mktemp("launcher")

@@ -7,7 +7,7 @@ from peft import LoraConfig, get_peft_model
 
 from helpers import encode_prompts, policy_of
 from tarpo.config import TarpoConfig, default
-from tarpo.engine import decode_weights, functional_decoder
+from tarpo.engine import decode_weights, decoder_tensors, functional_decoder
 from tarpo.engine.backbone import Backbone
 from tarpo.engine.precision import mixed_precision
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
@@ -30,8 +30,8 @@ def lora_model(tokenizer, targets, arch="llama", dtype=torch.float32, seed=0):
 
 def recorded_builds(monkeypatch) -> list:
     built = []
-    build = functional_decoder.decoder_weights
-    monkeypatch.setattr(functional_decoder, "decoder_weights", lambda model, merge: built.append(merge)
+    build = decoder_tensors.build
+    monkeypatch.setattr(decoder_tensors, "build", lambda model, merge: built.append(merge)
                         or build(model, merge))
     return built
 
@@ -62,13 +62,13 @@ def test_a_block_without_lora_is_not_copied(tokenizer):
         model = lora_model(tokenizer, targets, dtype=torch.bfloat16)
         own = {p.data_ptr() for p in model.parameters()}
         for level in ("all", "attention", "none"):
-            w = functional_decoder.decoder_weights(model, level)
+            w = decoder_tensors.build(model, level)
             copies = {t.data_ptr(): t for layer in w.layers
                       for t in (layer.qkv.projections[0].weight, layer.o.weight, layer.down.weight,
                                 *(p.weight for p in layer.gate_up.projections)) if t.data_ptr() not in own}
             made = sum(t.numel() * t.element_size() for t in copies.values())
-            assert made == functional_decoder.merged_bytes(model, level), (targets, level)
-        sizes = [functional_decoder.merged_bytes(model, m) for m in ("all", "attention", "none")]
+            assert made == decoder_tensors.merged_bytes(model, level), (targets, level)
+        sizes = [decoder_tensors.merged_bytes(model, m) for m in ("all", "attention", "none")]
         if targets == PAPER:
             assert sizes[0] == sizes[1] > sizes[2] == 0  # exact: byte counts (ints)
         else:
@@ -82,7 +82,7 @@ def test_auto_without_a_plan_takes_the_level_the_free_memory_allows(tokenizer, m
     model = lora_model(tokenizer, ALL_LINEAR)
     if free == "attention":  # room for the attention's copies and the cache, not for the MLP's
         cache = functional_decoder.cache_bytes(model, 2, 128)
-        free = (functional_decoder.merged_bytes(model, "attention") + cache) / decode_weights.FREE_SHARE + 1
+        free = (decoder_tensors.merged_bytes(model, "attention") + cache) / decode_weights.FREE_SHARE + 1
     monkeypatch.setattr(decode_weights, "free_bytes", lambda device: free)
     built = recorded_builds(monkeypatch)
     spec = RolloutSpec(max_new_tokens=4, routing="learned", engine="compiled", batch_size=2, max_prompt_length=60)

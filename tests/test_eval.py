@@ -148,13 +148,13 @@ def test_an_evaluation_compiles_one_decode_graph_per_task(tiny, tmp_path, monkey
     import torch
     from torch._dynamo.utils import counters
 
-    from tarpo.engine import functional_decoder
+    from tarpo.engine import decoder_tensors
 
     torch._dynamo.reset()
     counters.clear()
     built = []
-    monkeypatch.setattr(functional_decoder, "decoder_weights",
-                        lambda model, merge, build=functional_decoder.decoder_weights: built.append(merge)
+    monkeypatch.setattr(decoder_tensors, "build",
+                        lambda model, merge, build=decoder_tensors.build: built.append(merge)
                         or build(model, merge))
     args = eval_args(tiny, tmp_path, "--engine", "compiled")
     args[args.index("--tasks") + 1] = "gsm8k,math500,amc23"

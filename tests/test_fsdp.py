@@ -94,7 +94,7 @@ def launcher(out_dir, **extra):
                      LORA_ALPHA="8", LR="1e-2", ROUTER_LR="1e-1", ENGINE="eager", LR_SCHEDULE="constant",
                      OPTIM="adamw_torch", SAVE_STEPS="1", MAX_STEPS="3", NUM_PROCESSES="2",
                      MAIN_PROCESS_PORT=str(free_port()))
-    from tarpo.runs.presets import SETTINGS, VARIABLES
+    from tarpo.runs.launch_variables import SETTINGS, VARIABLES
     clean = {k: v for k, v in env().items()
              if k not in {*VARIABLES, *SETTINGS, "RANK", "LOCAL_RANK", "TARPO_LAUNCHED"}}
     return subprocess.Popen(["bash", os.path.join(ROOT, "run_gsm8k.sh")], env={**clean, **variables, **extra},
@@ -157,7 +157,7 @@ def test_a_killed_two_process_run_resumes_and_ends_where_an_uninterrupted_one_en
     reaches one process), rank 0 hears of it through the processes' agreement, both finish step 2, save
     checkpoint-2 together and stop; the launcher says so in one line and exits 75 (tarpo.training.preemption);
     the re-run ends there to 1e-6 (the same all-reduced steps; on the CPU the Trainer once loaded the optimizer
-    with map_location="cpu:0" and failed: tarpo.training.checkpoints.load_optimizer_on_cpu). FSDP2, on the
+    with map_location="cpu:0" and failed: tarpo.training.resume.load_optimizer_on_cpu). FSDP2, on the
     compiled engine (the rollout over the gathered parameters): SIGKILLed once checkpoint-2 is published (a
     checkpoint each step), it ends within RESUMED_TOLERANCE."""
     extra = {"MODEL": tiny_model,

@@ -1,11 +1,12 @@
-"""The compiled engine's decoder (tarpo.engine.functional_decoder) against transformers' forward of the same
-model: prefill of a left-padded batch, then one position at a time through the static cache, fp32."""
+"""The compiled engine's decoder (tarpo.engine.functional_decoder, over tarpo.engine.decoder_tensors' weights)
+against transformers' forward of the same model: prefill of a left-padded batch, then one position at a time
+through the static cache, fp32."""
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from tarpo.engine import functional_decoder as fd
+from tarpo.engine import decoder_tensors as dt, functional_decoder as fd
 from tarpo.engine.backbone import positions_from_mask
 from tarpo.models.tiny import tiny_causal_lm
 
@@ -49,7 +50,7 @@ def test_prefill_and_cached_steps_equal_transformers_forward(tokenizer, case, me
     pos = positions_from_mask(mask)
     with torch.no_grad():
         ref = base.model(inputs_embeds=E[ids], attention_mask=mask, position_ids=pos).last_hidden_state
-        w = fd.decoder_weights(model, merge)
+        w = dt.build(model, merge)
         L = P + T + 3  # a cache longer than what is written
         cache = fd.new_cache(w, B, L, E.dtype, "cpu")
         got = [fd.forward(w, E[ids[:, :P]], pos[:, :P], cache, torch.arange(P), fd.prefill_mask(mask[:, :P]), P)]
@@ -90,10 +91,10 @@ def test_a_groups_lora_product_equals_each_projections_own():
     are each projection's ``W x + b + s (B (A x) + b_B)`` (fp32; only the matmuls' shapes differ)."""
     g = torch.Generator().manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
-    p1 = fd.Projection(r(6, 5), r(6), ((r(2, 5), r(6, 2), None, 0.5),))
-    p2 = fd.Projection(r(3, 5), None, ((r(3, 5), r(3, 3), r(3), 2.0),))
+    p1 = dt.Projection(r(6, 5), r(6), ((r(2, 5), r(6, 2), None, 0.5),))
+    p2 = dt.Projection(r(3, 5), None, ((r(3, 5), r(3, 3), r(3), 2.0),))
     x = r(4, 1, 5)
-    got = fd._group_linear(x, fd._group(p1, p2))
+    got = fd._group_linear(x, dt._group(p1, p2))
     for out, p in zip(got, (p1, p2)):
         torch.testing.assert_close(out, fd._linear(x, p), atol=1e-6, rtol=0)
 
@@ -102,14 +103,14 @@ def test_refused_what_it_does_not_compute(tokenizer):
     model = get_peft_model(tiny_causal_lm(tokenizer, "qwen2"), LoraConfig(r=4, target_modules=ATTENTION,
                                                                          lora_dropout=0.1))
     with pytest.raises(ValueError, match="LORA_DROPOUT=0"):
-        fd.decoder_weights(model)
+        dt.build(model)
 
 
 def test_regional_forward_traces_one_layer_once(tokenizer):
     """``regional=True``: under torch.compile each layer is a call of one nested compile region (traced once,
     called per layer); ``regional=False`` unrolls the layers. Both compute the eager forward's numbers."""
     model = model_of(tokenizer, ("llama", False, ALL_LINEAR))
-    w = fd.decoder_weights(model)
+    w = dt.build(model)
     E = model.get_base_model().get_input_embeddings().weight
     B, P = 2, 5
     ids, mask = torch.randint(5, len(tokenizer), (B, P)), torch.ones(B, P, dtype=torch.long)
@@ -148,7 +149,7 @@ def test_the_decode_weights_set_the_matrix_products_of_a_layer(tokenizer, target
     E = model.get_base_model().get_input_embeddings().weight
     ids, mask = torch.randint(5, len(tokenizer), (2, 1)), torch.ones(2, 1, dtype=torch.long)
     for merge, per_layer in expected.items():
-        w = fd.decoder_weights(model, merge)
+        w = dt.build(model, merge)
         graphs = []
 
         def recording(gm, example_inputs):

@@ -33,7 +33,7 @@ def launch_in_process(script, **env):
     from unittest import mock
 
     from tarpo.runs import launch as launcher
-    from tarpo.runs.presets import SETTINGS, VARIABLES
+    from tarpo.runs.launch_variables import SETTINGS, VARIABLES
 
     clean = {k: v for k, v in os.environ.items()
              if k not in {*VARIABLES, *SETTINGS, "RANK", "LOCAL_RANK", "TARPO_LAUNCHED", "ACCELERATE_USE_CPU"}}
@@ -215,9 +215,9 @@ REALISTIC = dict(PATH=os.environ.get("PATH", "/usr/bin"), HOME=os.environ.get("H
 
 
 def test_a_realistic_environment_is_not_taken_for_misspelt_variables():
-    """The rule (tarpo.runs.presets.misspelt) leaves alone what other programs read: the variables of a GPU job,
-    of a cluster and of CI, and every name torch and the Hugging Face libraries read."""
-    from tarpo.runs.presets import FAMILIES, SETTINGS, VARIABLES, misspelt
+    """The rule (tarpo.runs.launch_variables.misspelt) leaves alone what other programs read: the variables of a GPU
+    job, of a cluster and of CI, and every name torch and the Hugging Face libraries read."""
+    from tarpo.runs.launch_variables import FAMILIES, SETTINGS, VARIABLES, misspelt
 
     names = environment_names_of_the_libraries() - set(VARIABLES) - set(SETTINGS)  # RANK, LOCAL_RANK: read alike
     assert {"CUDA_VISIBLE_DEVICES", "HF_HOME", "ACCELERATE_USE_CPU", "TORCHINDUCTOR_CACHE_DIR"} <= names
@@ -517,13 +517,13 @@ def test_missing_evaluation_data_is_reported_before_training():
 def test_the_learning_check_reports_a_crash_as_a_crash_and_a_stop_as_a_stop(tmp_path, monkeypatch):
     """Side by side under a deadline (as the GPU calls run it): the run that crashed keeps its exit status, the one
     the deadline stopped is None; both logs are closed (before: every status None once any stop happened)."""
-    from tarpo.runs import learning_check
+    from tarpo.runs import side_by_side
 
     fake = tmp_path / "fake-python"  # stands in for the launcher: crashes or runs past the deadline
     fake.write_text('#!/bin/sh\necho "run $RUN_NAME"\n[ "$RUN_NAME" = crash ] && exit 3\nexec sleep 60\n')
     fake.chmod(0o755)
-    monkeypatch.setattr(learning_check.sys, "executable", str(fake))
+    monkeypatch.setattr(side_by_side.sys, "executable", str(fake))
     envs = {"crash": {"RUN_NAME": "crash"}, "slow": {"RUN_NAME": "slow"}}
-    status = learning_check.run_side_by_side(envs, str(tmp_path), deadline=__import__("time").time() + 3)
+    status = side_by_side.run_side_by_side(envs, str(tmp_path), deadline=__import__("time").time() + 3)
     assert status == {"crash": 3, "slow": None}
     assert (tmp_path / "crash.log").read_text() == "run crash\n"

@@ -67,7 +67,8 @@ def test_each_launcher_writes_the_values_a_dry_run_resolves(dataset):
     """At least 20 variables with their values written in, among them BETA, LR, GROUP_SIZE, SOFT_TOP_K, TEMPERATURE and
     ACTION_BIAS, each what DRY_RUN=1 resolves for the default model; the model-dependent ones per model preset."""
     from tarpo.runs.launcher_values import same
-    from tarpo.runs.presets import MODELS, VARIABLES, resolve
+    from tarpo.runs.launch_variables import VARIABLES
+    from tarpo.runs.presets import MODELS, resolve
 
     text = open(os.path.join(ROOT, f"run_{dataset}.sh")).read()
     assert len(re.findall(r"=\$\{[A-Z_]*:-[^}]", text)) >= 20  # the issue's grep
@@ -106,7 +107,7 @@ def edited_copy(tmp_path, dataset, old, new):
 
 
 def start(script, **env):
-    from tarpo.runs.presets import SETTINGS, VARIABLES
+    from tarpo.runs.launch_variables import SETTINGS, VARIABLES
     clean = {k: v for k, v in os.environ.items() if k not in {*VARIABLES, *SETTINGS}}
     return subprocess.Popen(["bash", script], env={**clean, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable,
                                                    "PYTHONUNBUFFERED": "1", **env},

@@ -13,7 +13,8 @@ import torch
 from trl import GRPOTrainer
 
 from helpers import loss_of
-from tarpo.config import IS_CORRECTIONS, LOSS_TYPES
+from tarpo.losses import LOSS_TYPES
+from tarpo.method_fields import IS_CORRECTIONS
 from tarpo.training.advantages import group_advantages
 from tarpo.training.divergences import k3
 from tarpo.training.loss_inputs import high_entropy_mask, mismatch_weights

@@ -124,14 +124,14 @@ def test_eager_rollout_matches_a_measured_peak(case):
 def test_the_compiled_engine_cache_is_the_planned_kv_cache():
     """The cache that tarpo.engine.static_decode allocates (functional_decoder.new_cache), after a prefill:
     B x bucketed length x layers x K, V."""
-    from tarpo.engine import functional_decoder as fd
+    from tarpo.engine import decoder_tensors, functional_decoder as fd
     from tarpo.engine.backbone import positions_from_mask
     from tarpo.engine.static_decode import DecodeBuffers
 
     model = tiny("llama", 64, 160, 3, 4, 2, 300).to(torch.bfloat16)
     run = mp.Run(rows=4, prompt=40, completion=50, engine="compiled")
     assert mp.cache_positions(run) == 128  # 90 rounded up to the bucket of 64
-    backbone, weights = Backbone(model), fd.decoder_weights(model)
+    backbone, weights = Backbone(model), decoder_tensors.build(model)
     ctx = SimpleNamespace(backbone=backbone, spec=SimpleNamespace(max_new_tokens=50, soft_top_k=4), mixture_width=0,
                           pad_token_id=0)
     cache = DecodeBuffers(ctx, weights, 4, mp.cache_positions(run), "cpu").cache
@@ -144,7 +144,7 @@ def test_the_compiled_engine_cache_is_the_planned_kv_cache():
 
 
 def decode_tensors(layer):
-    """Every tensor of a functional_decoder.Layer's projections (norms aside)."""
+    """Every tensor of a decoder_tensors.Layer's projections (norms aside)."""
     for part in (layer.qkv, layer.o, layer.gate_up, layer.down):
         projections, groups = (part.projections, part.lora) if hasattr(part, "sizes") else ((part,), ())
         for p in projections:
@@ -155,13 +155,13 @@ def decode_tensors(layer):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_the_compiled_engines_decode_weights_are_planned(dtype):
-    """The copies the compiled engine makes per rollout (functional_decoder.decoder_weights: merged q|k|v, o, gate|up,
+    """The copies the compiled engine makes per rollout (decoder_tensors.build: merged q|k|v, o, gate|up,
     down with their biases; or the adapter's grouped and cast LoRA) are the plan's ``decode_weights`` bytes, exactly,
     at every merge level, for Qwen2 (q/k/v biases) and Llama, three sets of LoRA targets, fp32 and bf16 weights
     (fp32 LoRA, as PEFT keeps it)."""
     from peft import LoraConfig, get_peft_model
 
-    from tarpo.engine import functional_decoder as fd
+    from tarpo.engine import decoder_tensors
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     for arch in ("qwen2", "llama"):
@@ -172,7 +172,7 @@ def test_the_compiled_engines_decode_weights_are_planned(dtype):
             own = {p.data_ptr() for p in model.parameters()}
             shapes = mp.shapes_of(model.config, lora_targets, 8)
             for merge in ("all", "attention", "none"):
-                weights = fd.decoder_weights(model, merge)
+                weights = decoder_tensors.build(model, merge)
                 copies = {t.data_ptr(): t for layer in weights.layers for t in decode_tensors(layer)
                           if t.data_ptr() not in own}
                 made = sum(t.numel() * t.element_size() for t in copies.values())

@@ -101,7 +101,10 @@ def test_version_check_names_the_expected_version():
 
 
 def test_tarpo_subclasses_trls_own_grpo_trainer_and_refuses_a_swapped_one(monkeypatch):
-    assert TarpoTrainer.__mro__[1] is pristine_grpo_trainer()
+    # TRL's own class, right after TARPO's (the trainer and its mixins: tarpo.training.trainer_checkpoints, ...)
+    mro = TarpoTrainer.__mro__
+    trl_at = mro.index(pristine_grpo_trainer())
+    assert trl_at > 1 and all(c.__module__.startswith("tarpo.training.") for c in mro[:trl_at])
     assert "compute_loss" in TarpoTrainer.__dict__  # Unsloth's compute_loss would skip _compute_loss
 
     class UnslothGRPOTrainer:  # what `import unsloth` binds to trl.GRPOTrainer
@@ -121,6 +124,12 @@ def test_override_check_catches_replaced_methods(model, tokenizer, tmp_path):
     with pytest.raises(PatchError, match="compute_loss of TarpoTrainer was replaced on the instance"):
         trainer.train()
     del trainer.compute_loss
+    # the checkpoint methods live in TarpoTrainer's mixin (tarpo.training.trainer_checkpoints): guarded all the same
+    assert "_save_checkpoint" not in TarpoTrainer.__dict__
+    trainer._save_checkpoint = lambda *a, **k: None
+    with pytest.raises(PatchError, match="_save_checkpoint of TarpoTrainer was replaced on the instance"):
+        check_overrides(trainer, TarpoTrainer)
+    del trainer._save_checkpoint
 
     class Wrapped(TarpoTrainer):
         pass

@@ -79,7 +79,7 @@ def test_the_real_model_check_is_a_launcher_run_of_its_task_with_its_chosen_sett
     its evaluation's questions are the task's test split, none of them a training question."""
     from tarpo.runs.learning_check import REAL_MODELS, REAL_TASK, real_model_variables
     from tarpo.runs.presets import resolve
-    from tarpo.tasks.registry import messages
+    from tarpo.tasks.chat_messages import messages
 
     for algo in ("grpo", "tarpo"):
         cfg = resolve(REAL_TASK, real_model_variables("smollm2-135m", str(tmp_path), algo, None))

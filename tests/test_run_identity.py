@@ -48,7 +48,7 @@ def finished(tmp_path_factory):
 def test_a_launch_into_a_finished_run_with_other_settings_is_refused_and_changes_nothing(
         finished, change, named, monkeypatch, capsys):
     from tarpo.runs import launch as launcher
-    from tarpo.runs.presets import SETTINGS, VARIABLES
+    from tarpo.runs.launch_variables import SETTINGS, VARIABLES
 
     root, env = finished
     if "DATA_PATH" in change:  # the same file name in another folder: other rows

@@ -323,21 +323,21 @@ def test_attention_over_the_written_slots_draws_what_the_full_cache_draws(model,
     serves both spans. The same tokens and routes as attending over the whole cache, and as the eager engine
     (which attends over exactly what is written); the floats within 1e-5 (fp32: the masked slots add exact
     zeros, and only the softmax's reduction runs over a different length)."""
-    from tarpo.engine import static_decode
+    from tarpo.engine import step_replay
 
     token_text, bias = tag_world(tokenizer, model)
     backbone = BiasedBackbone(model, bias)
     router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
     enc = encode_prompts(tokenizer, PROMPTS)
-    spans, runner = [], static_decode.step_runner
+    spans, runner = [], step_replay.step_runner
 
     def recording_runner(call, mask, device):
         run = runner(call, mask, device)
         return lambda span: (spans.append(span), run(span))
-    monkeypatch.setattr(static_decode, "step_runner", recording_runner)
+    monkeypatch.setattr(step_replay, "step_runner", recording_runner)
     out = {}
     for name, bucket, engine in (("eager", 64, "eager"), ("full", 10**6, "compiled"), ("spans", 64, "compiled")):
-        monkeypatch.setattr(static_decode, "ATTENTION_BUCKET", bucket)
+        monkeypatch.setattr(step_replay, "ATTENTION_BUCKET", bucket)
         spec = RolloutSpec(max_new_tokens=60, temperature=0.8, soft_top_k=5, engine=engine, max_prompt_length=64)
         spans.clear()
         counters.clear()
@@ -361,7 +361,7 @@ def test_the_compiled_engine_refuses_prompts_or_batches_beyond_the_runs_shape(mo
 
 
 class FakeCuda:
-    """The few ``torch.cuda`` calls of :class:`tarpo.engine.static_decode.GraphedStep`, on the CPU: streams,
+    """The few ``torch.cuda`` calls of :class:`tarpo.engine.step_replay.GraphedStep`, on the CPU: streams,
     their contexts, a graph whose capture runs the step once and whose replay counts."""
 
     def __init__(self, monkeypatch):
@@ -395,13 +395,13 @@ def test_captured_steps_share_one_side_stream_per_process(monkeypatch):
     """Each rollout warms its step up on a side stream before capturing it, once per attention span; the stream
     is the process's one (per device), not one per rollout (the caching allocator keeps a cuBLAS workspace per
     stream), and a rollout's graphs share one memory pool."""
-    from tarpo.engine import static_decode
+    from tarpo.engine import step_replay
 
-    monkeypatch.setattr(static_decode, "_SIDE_STREAMS", {}, raising=False)
+    monkeypatch.setattr(step_replay, "_SIDE_STREAMS", {}, raising=False)
     cuda = FakeCuda(monkeypatch)
     calls, mask = [], torch.ones(2, 512)
     for rollout in range(3):
-        run = static_decode.step_runner(lambda view: calls.append(view.shape[1]), mask, "cuda")
+        run = step_replay.step_runner(lambda view: calls.append(view.shape[1]), mask, "cuda")
         for span in (256, 256, 256, 256, 256, 512, 512, 512):
             run(span)
     assert cuda.streams == 1 and cuda.graphs == 3 * 2 and len(set(cuda.pools)) == 3

@@ -4,7 +4,9 @@ import os
 import pytest
 
 from helpers import COUNTS, DATA, needs_data
-from tarpo.tasks.registry import TASKS, DataError, answer_tag, load_task, system_prompts
+from tarpo.tasks.chat_messages import answer_tag, system_prompts
+from tarpo.tasks.record_parsers import DataError
+from tarpo.tasks.registry import TASKS, load_task
 
 
 @needs_data

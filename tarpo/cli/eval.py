@@ -32,7 +32,9 @@ import os
 import torch
 
 from ..atomic_files import check_writable_folder
-from ..config import ENGINES, add_flags, sampling_problem
+from ..config import add_flags
+from ..engineering_fields import ENGINES
+from ..method_fields import sampling_problem
 from ..engine.engine_choice import engine_for
 from ..evaluation.pipeline import evaluate
 from ..evaluation.system import RUN_FLAGS, check_system, fill_run_settings

@@ -1,7 +1,7 @@
 """Which decode weights a compiled rollout uses, and how often they are built (``TarpoConfig.decode_merge``;
 docs/rollout-engines.md, "Decode weights").
 
-The compiled engine decodes with :func:`tarpo.engine.functional_decoder.decoder_weights` at a merge level: ``all``
+The compiled engine decodes with :func:`tarpo.engine.decoder_tensors.build` at a merge level: ``all``
 (every adapter merged into a copy of the block that carries it), ``attention`` (the attention block's only) or
 ``none`` (the LoRA applied as an adapter, no copy). A block without LoRA is never copied. On an H100 the merge saves
 about 1 ms of the 3B's 5-7 ms decode step at batch 64 for each block that carries LoRA (docs/gpu/2026-11-28-*.md).
@@ -24,8 +24,8 @@ import weakref
 
 import torch
 
-from ..config import DECODE_MERGES
-from . import functional_decoder
+from ..engineering_fields import DECODE_MERGES
+from . import decoder_tensors, functional_decoder
 from .backbone import unwrap
 
 logger = logging.getLogger(__name__)
@@ -54,14 +54,14 @@ def merge_level(model, requested: str, batch: int, length: int, device: torch.de
     """The level a compiled rollout of ``model`` (``batch`` rows, a cache of ``length`` positions) decodes at:
     ``requested``, or for ``auto`` the level chosen at the model's first such rollout and kept (chosen again for a
     rollout whose KV cache is larger than the one it was chosen for; each process chooses its own): the first of
-    :data:`LEVELS` whose copies (:func:`tarpo.engine.functional_decoder.merged_bytes`) and KV cache fit in
+    :data:`LEVELS` whose copies (:func:`tarpo.engine.decoder_tensors.merged_bytes`) and KV cache fit in
     :data:`FREE_SHARE` of :func:`free_bytes` (``all`` where the free memory is unknown)."""
     if requested != "auto":
         return requested
     base, cache = unwrap(model), functional_decoder.cache_bytes(model, batch, length)
     if base in _chosen and cache <= _chosen[base][1]:  # kept while the rollouts need no larger cache
         return _chosen[base][0]
-    free, copies = free_bytes(device), {m: functional_decoder.merged_bytes(model, m) for m in LEVELS}
+    free, copies = free_bytes(device), {m: decoder_tensors.merged_bytes(model, m) for m in LEVELS}
     level = LEVELS[0] if free is None else next(
         (m for m in LEVELS[:-1] if copies[m] + cache <= FREE_SHARE * free), LEVELS[-1])
     logger.info("decode_merge=auto: %s (copies %.2f GiB, KV cache %.2f GiB, free %s)", level,
@@ -84,11 +84,11 @@ def weights_held():
 
 
 def decoder_weights(model, level: str):
-    """:func:`tarpo.engine.functional_decoder.decoder_weights` at ``level``, built once per model within
+    """:func:`tarpo.engine.decoder_tensors.build` at ``level``, built once per model within
     :func:`weights_held`, else every call."""
     if _held is None:
-        return functional_decoder.decoder_weights(model, level)
+        return decoder_tensors.build(model, level)
     key = (id(model), level)
     if key not in _held:
-        _held[key] = (model, functional_decoder.decoder_weights(model, level))
+        _held[key] = (model, decoder_tensors.build(model, level))
     return _held[key][1]

@@ -21,7 +21,7 @@ to a training run, deciding on the CPU by cost.
 
 from __future__ import annotations
 
-from ..config import ENGINES
+from ..engineering_fields import ENGINES
 
 COMPILED_SPEEDUP = 2.4     # eager / compiled seconds per decode step, CPU (benchmarks/bench_rollout.py)
 # cold-cache compile of the step on the CPU, 135M shape (SmolLM2-135M's, LoRA r 32 on q/k/v/o), 2-core AMD EPYC,
@@ -44,7 +44,8 @@ def cpu_choice(layers: int, decode_steps: int, eager_step_s: float) -> tuple[str
 
 
 def check_engine(engine: str, setting: str = "rollout_engine") -> str:
-    """``engine`` if it names a rollout engine (:data:`tarpo.config.ENGINES`), else refused naming ``setting``."""
+    """``engine`` if it names a rollout engine (:data:`tarpo.engineering_fields.ENGINES`), else refused naming
+    ``setting``."""
     if engine not in ENGINES:
         raise ValueError(f"{setting}={engine!r}: must be one of {', '.join(ENGINES)}")
     return engine

@@ -30,7 +30,9 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import DynamicCache
 
-from ..config import DECODE_MERGES, default, sampling_problem
+from ..config import default
+from ..engineering_fields import DECODE_MERGES
+from ..method_fields import sampling_problem
 from ..algorithms import ROUTINGS, Routing, routing_rule
 from .backbone import positions_from_mask
 from .engine_choice import check_engine, engine_for

@@ -21,21 +21,13 @@ and, on CUDA, replayed as one captured CUDA graph::
   with rows that never run. So training compiles one graph, and evaluation one per task.
   The prompt is prefilled eagerly once; the attention mask is the prompt's mask followed by
   ones: causality hides positions not yet written.
-- **Attention over the positions written.** A step attends over the cache's first ``n`` slots only,
-  ``n`` = the slots written so far rounded up to a multiple of :data:`ATTENTION_BUCKET` (at most ``L``;
-  :func:`attention_span`): early steps read a fraction of the K/V that late ones read. ``n`` is the length
-  of the mask the step is given (a view ``mask[:, :n]``), compiled once as a dynamic size; on CUDA each
-  span is captured as a graph of its own when the write position first reaches it (all of them sharing
-  one memory pool). The slots past ``n`` are masked out anyway, so only the reduction's rounding differs
-  from attending over all ``L`` (tests/test_static_decode.py).
+- **Over the positions written, as CUDA graphs** (:mod:`tarpo.engine.step_replay`): a step attends over
+  the slots written so far, rounded up (:func:`tarpo.engine.step_replay.attention_span`), and on CUDA each
+  such span's step is captured as a CUDA graph and replayed.
 - **Fixed batch.** Finished rows are not dropped; they ride along and write nothing (their
   records keep pad / False / 0, as the eager engine's). Every ``DONE_CHECK_EVERY`` steps
   the loop looks at a flag "some row is still running" copied without blocking at the
   previous check, and stops once it reads False.
-- **CUDA graphs** (:class:`GraphedStep`): the first step runs as compiled code (and compiles),
-  the second is captured into a ``torch.cuda.CUDAGraph`` and every later step replays it. We
-  capture by hand rather than with ``mode="reduce-overhead"``: cudagraph trees free a call's
-  outputs at the next call, and would re-record for every new cache address.
 - **Randomness** is keyed noise (:func:`tarpo.engine.sampling.step_uniforms`), a pure function of
   (seed, row id, step) computed inside the graph. Given the same seed the eager engine draws
   the same trajectory.
@@ -55,14 +47,12 @@ import os
 
 import torch
 
-from . import decode_weights, functional_decoder
+from . import decode_weights, functional_decoder, step_replay
 from .backbone import positions_from_mask
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .step import DecodeContext, hybrid_step, new_state
 
 CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
-ATTENTION_BUCKET = 256  # a step attends over the written slots rounded up to a multiple of this: one captured graph
-                        # per multiple on CUDA (8 for the MATH preset's 2,048 positions), at most 255 slots over
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
 # Each decoder layer a nested compile region (compiled once for all layers: functional_decoder._layer_region), by
 # device, under inductor (compiled_step). On the CPU, where inductor's C++ build of every layer made a 30-layer
@@ -100,7 +90,7 @@ def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask, regional: bo
     for name, value in out.records.items():
         rec[name].index_copy_(1, index, value.unsqueeze(1))
     slot, span = buf["slot"], mask.shape[1]
-    # the span's size is unbacked (SpanSteps): what is known of it, so that the trace needs no guard on it
+    # the span's size is unbacked (step_replay.SpanSteps): what is known of it, so that the trace needs no guard on it
     torch._check(span >= CACHE_BUCKET)
     torch._check(span <= cache[0][0].shape[2])
     hidden = functional_decoder.forward(weights, out.inputs[:, None], buf["pos"][:, None], cache, slot.view(1),
@@ -123,7 +113,7 @@ def compile_backend() -> str:
 
 def compiled_step(device: torch.device):
     """``decode_step`` under ``torch.compile(fullgraph=True)`` (inductor, or :func:`compile_backend`);
-    on CUDA the loop replays it as a captured graph (:class:`GraphedStep`).
+    on CUDA the loop replays it as a captured graph (:class:`tarpo.engine.step_replay.GraphedStep`).
 
     One graph per setting and shape; past dynamo's default of 8 recompiles a function would quietly
     run eagerly: the step allows :data:`RECOMPILE_LIMIT` and fails loudly beyond, and compiles under
@@ -153,85 +143,6 @@ def compiled_step(device: torch.device):
                                        f"to compile with backend {key[1]!r}: {e}") from e
         _COMPILED[key] = step
     return _COMPILED[key]
-
-
-class GraphedStep:
-    """One decode step as a CUDA graph: call 1 runs the compiled step (compiling it, and warming
-    up on a side stream), call 2 captures it and replays the capture, every later call replays.
-
-    Capturing is sound because the step reads and writes only the rollout's static buffers,
-    which outlive the graph; capturing does not run the kernels, hence the replay right after.
-    The graph and its memory pool go with this object, at the end of the rollout.
-    """
-
-    def __init__(self, call, pool=None):
-        self.call, self.pool, self.graph, self.warm = call, pool, None, False
-
-    def __call__(self) -> None:
-        if not self.warm:
-            side = side_stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.call()
-            torch.cuda.current_stream().wait_stream(side)
-            self.warm = True
-            return
-        if self.graph is None:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=self.pool):
-                self.call()
-        self.graph.replay()
-
-
-_SIDE_STREAMS: dict[int, object] = {}
-
-
-def side_stream():
-    """The process's one side stream (per CUDA device) for the warm-up call before a capture. One per
-    rollout would add a stream per rollout, and the caching allocator keeps a cuBLAS workspace per stream."""
-    index = torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream()
-    return _SIDE_STREAMS[index]
-
-
-def attention_span(slot: int, cache_len: int) -> int:
-    """The cache slots a step writing ``slot`` attends over: ``slot + 1`` rounded up to a multiple of
-    :data:`ATTENTION_BUCKET`, at most the cache.
-
-        >>> attention_span(0, 2048), attention_span(255, 2048), attention_span(256, 2048), attention_span(1999, 2048)
-        (256, 256, 512, 2048)
-    """
-    return min(cache_len, -(-(slot + 1) // ATTENTION_BUCKET) * ATTENTION_BUCKET)
-
-
-class SpanSteps:
-    """What runs one step over a given attention span: ``self(n)`` calls ``call(mask[:, :n])``, the view made
-    once per span and its length marked unbacked (one compiled graph serves every span, no guard on it). On CUDA
-    each span's step is a :class:`GraphedStep`, all in one memory pool: the step returns nothing, so no tensor of
-    one capture outlives it, and the graphs run one at a time."""
-
-    def __init__(self, call, mask: torch.Tensor, device):
-        self.call, self.mask, self.cuda = call, mask, torch.device(device).type == "cuda"
-        self.views, self.graphs = {}, {}
-        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
-
-    def __call__(self, span: int) -> None:
-        if span not in self.views:
-            view = self.mask[:, :span]
-            torch._dynamo.decorators.mark_unbacked(view, 1)
-            self.views[span] = view
-            if self.cuda:
-                self.graphs[span] = GraphedStep(functools.partial(self.call, view), self.pool)
-        if self.cuda:
-            self.graphs[span]()
-        else:
-            self.call(self.views[span])
-
-
-def step_runner(call, mask: torch.Tensor, device) -> SpanSteps:
-    """What runs the rollout's steps, ``run(span)`` (:class:`SpanSteps`); a benchmark may wrap it to time them."""
-    return SpanSteps(call, mask, device)
 
 
 class _LateFlag:
@@ -328,12 +239,12 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     engine.buf["slot"].fill_(P)
     del hidden
     step = compiled_step(device)
-    run = step_runner(functools.partial(step, ctx, weights, engine.buf, engine.rec, engine.cache), engine.mask,
-                      device)
+    run = step_replay.step_runner(functools.partial(step, ctx, weights, engine.buf, engine.rec, engine.cache),
+                                  engine.mask, device)
     flag = _LateFlag()
     L = engine.mask.shape[1]
     for t in range(T):
-        run(attention_span(P + t, L))
+        run(step_replay.attention_span(P + t, L))
         if (t + 1) % DONE_CHECK_EVERY:
             continue
         if lockstep is not None:  # sharded model: every rank steps until no rank has a running row

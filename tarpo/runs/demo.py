@@ -32,19 +32,22 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
 
-from ..config import ENGINES, TarpoConfig, add_flags, default
+from ..config import TarpoConfig, add_flags, default
+from ..engineering_fields import ENGINES
 from ..evaluation.plot import plot_runs
 from ..atomic_files import publish_folder, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from ..evaluation.sample import sample, score_records, summarize
 from ..evaluation.system import load_system, rollout_spec
 from ..algorithms import ALGOS
 from ..tasks.graders import reward_function
-from ..tasks.registry import load_task, messages
+from ..tasks.chat_messages import messages
+from ..tasks.registry import load_task
 from ..tasks.synthetic import completion_text, make_split, noisy_demonstration
 from ..models.tiny import bpe_tokenizer, tiny_causal_lm
 from ..training.callbacks import JsonlLogger, ProgressBar
 from ..training.trainer import TarpoTrainer
-from .presets import DATASETS, LORA_TARGET_PRESETS
+from .launch_variables import LORA_TARGET_PRESETS
+from .presets import DATASETS
 
 MODEL = dict(hidden_size=128, layers=4, heads=4, kv_heads=2, intermediate_size=384)
 TASK = DATASETS["arith"]  # group size, completions per step, prompt and completion lengths

@@ -11,7 +11,7 @@ The launcher's shell variables (and the environment) override the presets of
    a run longer than ``CPU_MAX_HOURS`` (:mod:`tarpo.runs.training_run`, :mod:`tarpo.runs.cpu_estimate`);
 3. train (:mod:`tarpo.runs.training_run`) with :class:`tarpo.training.trainer.TarpoTrainer` into the run folder
    (``launch_config.json``, ``metrics.jsonl``, checkpoints, ``adapter/`` with the router), resuming from the newest
-   complete checkpoint there if any (:mod:`tarpo.training.checkpoints`); a finished run is a no-op; a signal of
+   complete checkpoint there if any (:mod:`tarpo.training.resume`); a finished run is a no-op; a signal of
    ``SAVE_ON_SIGNALS`` (a scheduler's preemption) stops it after the step in flight with a checkpoint, one line
    and exit status 75 (:mod:`tarpo.training.preemption`), and a run of non-finite steps stops it with one line
    (:mod:`tarpo.training.nonfinite`);
@@ -80,7 +80,7 @@ def evaluation_command(cfg: LaunchConfig, adapter: str) -> list[str]:
 def launch_processes(cfg: LaunchConfig, args) -> int:
     """Train through ``accelerate launch`` and wait for every process; then, with EVAL=1, evaluate
     through the same prefix, once the training processes have ended and freed their devices."""
-    from ..config import signal_numbers
+    from ..engineering_fields import signal_numbers
     from ..training import preemption
 
     # every process trains in the micro-batch planned here
@@ -106,7 +106,7 @@ def preempted(cfg: LaunchConfig, args, signal_name: str, evaluating: bool = Fals
     process), the launcher's line (by the process that started the run) and the requeue status. What is complete:
     the adapter (training finished; EVAL=1 left to run, or to resume), else the newest complete checkpoint."""
     from ..training import preemption
-    from ..training.checkpoints import finished_step, last_complete_checkpoint
+    from ..training.resume import finished_step, last_complete_checkpoint
     adapter = os.path.join(cfg.run_dir, "adapter")
     trained = finished_step(cfg.run_dir, args.max_steps, args.num_train_epochs) is not None
     if trained:

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 
-from ..config import signal_numbers
+from ..engineering_fields import signal_numbers
 from ..training.preemption import asks_again, install, put_back
 
 

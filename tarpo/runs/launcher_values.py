@@ -59,7 +59,7 @@ BLOCK = {
 
 
 def _parsers() -> dict:
-    from .presets import SETTINGS, VARIABLES
+    from .launch_variables import SETTINGS, VARIABLES
     return {**{k: parser for k, (_, parser) in VARIABLES.items()}, **SETTINGS}
 
 
@@ -92,7 +92,8 @@ def sources(dataset: str, env: dict[str, str]) -> list[tuple[str, str, str]]:
     """``(variable, value, source)`` of every launcher variable set in ``env``: the paper's value for this data set
     and model, the launcher file's (``run_<data>.sh``: edited), or the environment's. Without the launcher's record of
     what the environment set (a direct ``python -m tarpo.runs.launch``), every value is the environment's."""
-    from .presets import DEFAULT_MODEL, SETTINGS, VARIABLES
+    from .launch_variables import SETTINGS, VARIABLES
+    from .presets import DEFAULT_MODEL
 
     recorded = env.get(FROM_ENVIRONMENT)
     from_env = set(recorded.split()) if recorded is not None and dataset in LAUNCHED_DATA_SETS else None
@@ -157,7 +158,7 @@ def render(name: str, value) -> str:
     >>> render("LORA_TARGETS", ["q_proj", "k_proj", "v_proj", "o_proj"])
     'paper'
     """
-    from .presets import LORA_TARGET_PRESETS
+    from .launch_variables import LORA_TARGET_PRESETS
     if isinstance(value, bool):
         return str(int(value))
     if isinstance(value, (list, tuple)):

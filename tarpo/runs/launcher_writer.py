@@ -18,7 +18,8 @@ START, END = "# >>> the paper's settings", "# <<< the paper's settings"
 def generated_values() -> dict:
     """The paper's value of each launcher variable per data set, and per model preset (``"*"``: a model without
     one) for :data:`MODEL_VARIABLES`: what :data:`RESOURCE` holds, from the presets."""
-    from .presets import DEFAULT_MODEL, MODELS, VARIABLES, common, resolve
+    from .launch_variables import VARIABLES
+    from .presets import DEFAULT_MODEL, MODELS, common, resolve
 
     field = {name: VARIABLES[name][0] for name in BLOCK if name in VARIABLES}
     out = {}

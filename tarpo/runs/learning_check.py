@@ -5,7 +5,8 @@ synthetic arithmetic, with the demo's hyper-parameters (:mod:`tarpo.runs.demo`),
 code path: ``python -m tarpo.runs.launch arith`` (the ``arith`` data-set preset of :mod:`tarpo.runs.presets`)
 with the launcher's defaults for everything the demo does not set. On CUDA that is Unsloth (where installed), the
 compiled rollout engine with CUDA graphs, bf16, the paged 8-bit AdamW and gradient checkpointing; on a CPU what
-``auto`` picks there. Then, per algorithm, the reward curve and its rise (:func:`summarize`).
+``auto`` picks there. Then, per algorithm, the reward curve and its rise
+(:func:`tarpo.runs.learning_curves.summarize`).
 
     python -m tarpo.runs.learning_check                       # the warm start from runs/cache (made if missing)
     python -m tarpo.runs.learning_check --warm DIR --out runs/learning-check --steps 100
@@ -33,16 +34,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import signal
-import statistics
 import subprocess
 import sys
 import time
 
 from ..atomic_files import write_json_atomic
-from .presets import variable_of
+from .launch_variables import variable_of
+from .learning_curves import report, summarize
+from .side_by_side import kill_running, run_in_process, run_side_by_side
 
 ALGOS = ("grpo", "tarpo")
 # the real models' check (docs/real-model.md: the settings and why): the launcher variables beside
@@ -55,7 +55,6 @@ REAL_MODELS = {
 }
 FORMAT = (f"the answer format shown by two worked examples as earlier chat turns (task {REAL_TASK}); the paper's "
           "reward")
-FIRST, LAST = 0.1, 0.2  # the shares of the steps whose mean reward is ``first`` and ``last``
 
 
 def launcher_variables(demo_args, warm: str, out: str, algo: str) -> dict[str, str]:
@@ -115,172 +114,12 @@ def evaluate_before_after(model: str, out: str, algos, questions: int, n: int) -
             results[name] = {"mode": mode, "pass@1": metrics["pass@1"], "ci95": metrics["accuracy_ci95"],
                              "soft_ratio": metrics["soft_ratio"], "seconds": round(time.time() - started, 1)}
     finally:  # an error or a signal here leaves no evaluation behind
-        _kill_running(procs)
+        kill_running(procs)
     base = results["base"]
     for name in algos:  # the base's interval: pass@1 ± ci95 over its questions
         if "pass@1" in results[name] and "pass@1" in base:
             results[name]["above_base_interval"] = results[name]["pass@1"] > base["pass@1"] + base["ci95"]
     return results
-
-
-def fitted_rise(values: list[float]) -> tuple[float, float | None]:
-    """The least-squares line through ``values`` (one per step): its rise from the first step to the last (slope
-    times ``len - 1``), and that rise's standard error (None under 3 values).
-
-    Worked example: steps x = 0..3 and rewards y = 0, 0.2, 0.1, 0.3 give the slope
-    sum((x - 1.5)(y - 0.15)) / sum((x - 1.5)^2) = 0.4 / 5 = 0.08, so a rise of 3 x 0.08 = 0.24; the residuals
-    -0.03, 0.09, -0.09, 0.03 give the slope's standard error sqrt(0.018 / 2 / 5) = 0.0424, the rise's 0.127.
-
-    >>> rise, se = fitted_rise([0.0, 0.2, 0.1, 0.3])
-    >>> round(rise, 4), round(se, 4)
-    (0.24, 0.1273)
-    """
-    n = len(values)
-    if n < 2:
-        return 0.0, None
-    mx, my = (n - 1) / 2, sum(values) / n
-    sxx = sum((x - mx) ** 2 for x in range(n))
-    slope = sum((x - mx) * (y - my) for x, y in enumerate(values)) / sxx
-    if n < 3:
-        return slope * (n - 1), None
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in enumerate(values))
-    return slope * (n - 1), math.sqrt(residual / (n - 2) / sxx) * (n - 1)
-
-
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
-def summarize(run_dir: str) -> dict:
-    """A run's learning figures from its ``metrics.jsonl`` (the steps logged so far; ``None`` where a figure
-    needs more). ``curve``: the mean reward of each step; ``first`` / ``last``: the mean of the first 10% / the
-    last 20% of the steps (steps 1-10 and 81-100 of 100); ``rise`` and ``rise_se``: :func:`fitted_rise` of the
-    curve; ``learns``: ``rise`` over twice ``rise_se``. ``step_s``: the median step time after the first (which
-    compiles); the soft ratio, the log-prob drift's mean and tails, and on CUDA the memory peaks."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    rows = []
-    if os.path.isfile(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:  # a line being written
-                    continue
-                if isinstance(row, dict) and "reward" in row:
-                    rows.append(row)
-    curve = [r["reward"] for r in rows]
-    n = len(curve)
-    rise, se = fitted_rise(curve) if n else (None, None)
-
-    def column(key):
-        return [r[key] for r in rows if r.get(key) is not None]
-
-    def peak(key):
-        return max(column(key), default=None)
-    times = column("timing/step_s")
-    return {"steps": n, "curve": [round(c, 4) for c in curve],
-            "first": _mean(curve[:max(1, round(FIRST * n))]) if n else None,
-            "last": _mean(curve[-max(1, round(LAST * n)):]) if n else None,
-            "rise": rise, "rise_se": se, "learns": None if se is None else rise > 2 * se,
-            "step_s": statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None),
-            "first_step_s": times[0] if times else None, "rollout_s": _mean(column("timing/rollout_s")[1:]),
-            "soft_ratio": _mean(column("soft_ratio")), "router_p_soft": _mean(column("router/p_soft")),
-            "logp_drift": _mean(column("logp_drift")),
-            "logp_drift_p99": _mean(column("logp_drift_p99")), "logp_drift_max": peak("logp_drift_max"),
-            "logp_drift_frac_over_0.1": _mean(column("logp_drift_frac_over_0.1")),
-            "peak_gib": peak("memory/peak_gib"), "reserved_gib": peak("memory/peak_reserved_gib"),
-            "rollout_peak_gib": peak("memory/rollout_peak_gib")}
-
-
-def run_side_by_side(envs: dict[str, dict], out: str, deadline: float | None, dataset: str = "arith"
-                     ) -> dict[str, int | None]:
-    """Start ``python -m tarpo.runs.launch <dataset>`` once per entry of ``envs`` (algo -> its variables), each with
-    its share of the cores, and wait for all; stop the runs still going at ``deadline`` (``time.time()``) or when
-    this process is sent SIGTERM/SIGINT. Returns each run's exit status: its own where it ended by itself (a crash
-    stays a crash), None where this function stopped it."""
-    threads = str(max(1, (os.cpu_count() or 1) // len(envs)))
-    procs, logs, stopped = {}, [], set()
-    try:
-        for algo, variables in envs.items():
-            logs.append(log := open(os.path.join(out, f"{algo}.log"), "w"))
-            procs[algo] = subprocess.Popen([sys.executable, "-m", "tarpo.runs.launch", dataset], stdout=log,
-                                           stderr=subprocess.STDOUT,
-                                           env={**os.environ, "OMP_NUM_THREADS": threads, **variables})
-
-        def stop(signum=None, _frame=None):
-            for algo, p in procs.items():
-                if p.poll() is None:
-                    stopped.add(algo)
-                    p.terminate()
-        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            while any(p.poll() is None for p in procs.values()):
-                if deadline is not None and time.time() > deadline and not stopped:
-                    print(f"learning check: --max-seconds reached, stopping {', '.join(procs)}", flush=True)
-                    stop()
-                time.sleep(0.5)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-    finally:
-        _kill_running(procs)  # an error here leaves no run behind
-        for log in logs:
-            log.close()
-    return {algo: None if algo in stopped else p.returncode for algo, p in procs.items()}
-
-
-def _kill_running(procs: dict) -> None:
-    """Kill and reap each of ``procs`` (name -> ``subprocess.Popen``) still running."""
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def run_in_process(envs: dict[str, dict], dataset: str = "arith") -> dict[str, int]:
-    """The runs one after another in this process (``--processes 1``: tests, a one-core machine)."""
-    from . import launch
-
-    status = {}
-    for algo, variables in envs.items():
-        saved = {k: os.environ.get(k) for k in variables}
-        os.environ.update(variables)
-        try:
-            status[algo] = launch.main([dataset])
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    return status
-
-
-def report(results: dict[str, dict], evaluation: dict | None = None) -> str:
-    """A table of the runs' figures, then each reward curve as the means of tenths of the run; then the evaluation
-    before and after, where there is one."""
-    def f(v, digits=3):
-        return "-" if v is None else f"{v:.{digits}f}"
-
-    def g(v):
-        return "-" if v is None else f"{v:.2g}"
-    lines = ["| algo | steps | first | last | rise (± 2 se) | learns | step s (rollout s) | soft ratio "
-             "| router p(soft) | drift mean / p99 / max |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for algo, s in results.items():
-        band = "" if s["rise_se"] is None else f" ± {2 * s['rise_se']:.3f}"
-        lines.append(f"| {algo} | {s['steps']} | {f(s['first'])} | {f(s['last'])} | {f(s['rise'])}{band} | "
-                     f"{s['learns']} | {f(s['step_s'], 2)} ({f(s['rollout_s'], 2)}) | {f(s['soft_ratio'])} | "
-                     f"{f(s.get('router_p_soft'))} | {g(s['logp_drift'])} / {g(s['logp_drift_p99'])} / "
-                     f"{g(s['logp_drift_max'])} |")
-    for algo, s in results.items():
-        curve, size = s["curve"], max(1, len(s["curve"]) // 10)
-        tenths = [sum(curve[i:i + size]) / len(curve[i:i + size]) for i in range(0, len(curve), size)]
-        lines.append(f"{algo} reward, mean of each {size} steps: " + " ".join(f"{v:.3f}" for v in tenths))
-    for name, e in (evaluation or {}).items():
-        if "failed" in e:
-            lines.append(f"evaluation {name} ({e['mode']}): {e['failed']}")
-            continue
-        above = "" if name == "base" else f", above the base's interval: {e.get('above_base_interval')}"
-        lines.append(f"evaluation {name} ({e['mode']}): pass@1 {e['pass@1']:.3f} ± {e['ci95']:.3f}{above}")
-    return "\n".join(lines)
 
 
 def parse_args(argv=None):

@@ -37,7 +37,8 @@ import json
 import os
 from dataclasses import dataclass, replace
 
-from ..config import DECODE_MERGES, default
+from ..config import default
+from ..engineering_fields import DECODE_MERGES
 
 GIB = 2 ** 30
 GPU_80GB = 79.1 * GIB      # what torch.cuda.mem_get_info reports as the total of an 80 GB A100/H100
@@ -138,7 +139,7 @@ def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
 
 def decode_copy_elements(s: Shapes, merge: str, half: bool) -> int:
     """Elements of the copies the compiled engine decodes with at merge level ``merge``
-    (:func:`tarpo.engine.functional_decoder.decoder_weights`), ``half``: 16-bit weights (the LoRA's fp32 matrices are
+    (:func:`tarpo.engine.decoder_tensors.build`), ``half``: 16-bit weights (the LoRA's fp32 matrices are
     then cast; in fp32 only the grouped ones are copies). Merged (a block that carries LoRA, at a level that merges
     it): a group's one matrix (``sum out x in``, its biases ``sum out`` where any projection has one), a lone
     projection's copy where it carries LoRA. Adapter: a group all with LoRA stacks its ``A`` (``k r x in``) and

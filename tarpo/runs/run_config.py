@@ -20,7 +20,7 @@ from ..engine.soft_input import soft_input_class
 from ..models import loading  # its resolve_backend by attribute: a test harness stands in for it
 from . import memory_plan as mp
 from .launch_config import LaunchConfig
-from .presets import variable_of
+from .launch_variables import variable_of
 
 
 def in_launcher_words(message: str, cfg: LaunchConfig) -> str:

@@ -22,7 +22,8 @@ import os
 from ..atomic_files import write_json_atomic
 from ..models.gguf import digest, is_gguf
 from .launch_config import LaunchConfig
-from .presets import MODELS, variable_of
+from .launch_variables import variable_of
+from .presets import MODELS
 
 IDENTITY_FILE = "run_identity.json"
 # TarpoConfig fields a run may change from one launch to the next (none changes what is trained on, nor how)

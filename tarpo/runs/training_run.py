@@ -21,8 +21,8 @@ from ..tasks.prompts import count_too_long, prompt_ids
 from ..tasks.registry import load_task
 from ..training import preemption
 from ..training.callbacks import JsonlLogger
-from ..training.checkpoints import (DiskFull, NonFiniteTensors, finished_step, last_complete_checkpoint,
-                                    remove_partial_saves, save_final)
+from ..training.checkpoints import DiskFull, NonFiniteTensors, remove_partial_saves, save_final
+from ..training.resume import finished_step, last_complete_checkpoint
 from ..training.nonfinite import NonFiniteTraining
 from ..training.trainer import TarpoTrainer
 from . import run_identity

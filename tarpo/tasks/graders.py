@@ -23,7 +23,8 @@ from importlib.metadata import version
 
 from . import math_grading, sandbox
 from .answers import FALLBACKS, extract_answer, extract_code
-from .registry import answer_tag, get_task
+from .chat_messages import answer_tag
+from .registry import get_task
 from .workers import shared_pool
 
 DEFAULT_TIMEOUT = 10.0  # seconds per math answer / per HumanEval program

@@ -7,9 +7,9 @@ raw record becomes one normalised example::
     {"id": str, "prompt": [system message, user message], "gold": str,
      "level": str, "subject": str, "task": name, **task fields}
 
-(HumanEval adds ``entry_point``, ``test`` and ``code_prompt``). Local files are JSONL with
-the hub's fields, Soft-Thinking's ``{"prompt": [{"from", "value"}], "final_answer"}``
-form, ARC's AI2 layout, or the Hendrycks MATH folder layout ``{split}/{subject}/*.json``.
+(HumanEval adds ``entry_point``, ``test`` and ``code_prompt``). Local files are read by
+:mod:`tarpo.tasks.local_files`, each record is parsed by its data set's parser in
+:mod:`tarpo.tasks.record_parsers`, and the question gets its chat prompt from :mod:`tarpo.tasks.chat_messages`.
 A malformed record raises :class:`DataError` naming the file, row and field.
 
     >>> TASKS["gsm8k"].hub_id, TASKS["gsm8k"].eval_lengths
@@ -18,174 +18,16 @@ A malformed record raises :class:`DataError` naming the file, row and field.
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import json
-import os
-import random
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Callable
 
 import datasets
 
 from . import synthetic
-from .answers import last_boxed
-
-
-class DataError(ValueError):
-    """A data file or record that cannot be used; the message names file, row and field."""
-
-
-@cache
-def system_prompts() -> dict:
-    return json.loads(resources.files("tarpo").joinpath("resources/prompts.json").read_text())
-
-
-def messages(kind: str, user: str) -> list[dict]:
-    """The chat prompt of a question: the kind's system prompt, its worked examples as earlier turns (a kind with
-    ``examples``: [question, answer] pairs), then the question.
-
-    >>> [m["role"] for m in messages("arith_shots", "Compute 1 + 2.")]
-    ['system', 'user', 'assistant', 'user', 'assistant', 'user']
-    """
-    prompt = system_prompts()[kind]
-    shots = [{"role": role, "content": text} for pair in prompt.get("examples", ())
-             for role, text in zip(("user", "assistant"), pair)]
-    return [{"role": "system", "content": prompt["system"]}, *shots, {"role": "user", "content": user}]
-
-
-def answer_tag(kind: str) -> str:
-    return system_prompts()[kind]["answer_tag"]
-
-
-class _Row:
-    """Field access that names the file, row and field on failure."""
-
-    def __init__(self, record: dict, where: str):
-        self.record, self.where = record, where
-
-    def get(self, *names, required=True):
-        for name in names:
-            value = self.record
-            for part in name.split("."):
-                value = value.get(part) if isinstance(value, dict) else None
-            if value is not None and value != "":
-                return value
-        if required:
-            raise DataError(f"{self.where}: missing field {' or '.join(repr(n) for n in names)}")
-        return None
-
-    def fail(self, name, why):
-        raise DataError(f"{self.where}: field {name!r} {why}")
-
-
-def _soft_thinking_question(row: _Row):
-    prompt = row.get("prompt", required=False)
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and "value" in prompt[0]:
-        return prompt[0]["value"]
-    return None
-
-
-def _number_text(value) -> str:
-    """``27.0`` -> ``"27"``; strings pass through stripped."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value).strip()
-
-
-# ---- record parsers: raw record -> (question text, gold, extra fields) ----
-
-def parse_gsm8k(row: _Row):
-    question = _soft_thinking_question(row)
-    if question is not None:
-        return question, _number_text(row.get("final_answer")), {}
-    answer = row.get("answer")
-    if "####" not in answer:
-        row.fail("answer", "has no '#### <number>' final line")
-    return row.get("question"), answer.rsplit("####", 1)[1].strip().replace(",", ""), {}
-
-
-def parse_math(row: _Row):
-    question = _soft_thinking_question(row)
-    if question is not None:
-        return question, _number_text(row.get("final_answer")), {}
-    gold = row.get("answer", required=False)
-    if gold is None:
-        gold = last_boxed(row.get("solution"))
-        if gold is None:
-            row.fail("solution", "has no \\boxed{} answer")
-    meta = {"level": str(row.get("level", required=False) or ""),
-            "subject": str(row.get("subject", "type", required=False) or "")}
-    return row.get("problem", "question"), _number_text(gold), meta
-
-
-def parse_olympiad(row: _Row):
-    final = row.get("final_answer")
-    if isinstance(final, str):
-        try:
-            final = ast.literal_eval(final)
-        except (ValueError, SyntaxError):
-            row.fail("final_answer", "is not a Python list literal")
-    if not isinstance(final, list) or not final:
-        row.fail("final_answer", "is not a non-empty list")
-    gold = ", ".join(str(a).strip().strip("$") for a in final)
-    context = row.get("context", required=False)
-    question = row.get("question")
-    if context and context != "None":
-        question = f"{context}\n\n{question}"
-    return question, gold, {"subject": str(row.get("subfield", required=False) or "")}
-
-
-def parse_dapo(row: _Row):
-    question = row.get("prompt", "problem")
-    if isinstance(question, list):
-        question = question[-1].get("content", "") if isinstance(question[-1], dict) else str(question[-1])
-    return question, _number_text(row.get("solution", "reward_model.ground_truth", "answer")), {}
-
-
-LETTERS = "ABCDEFGHIJ"
-
-
-def _options_question(stem: str, options: list[str]) -> str:
-    return stem.strip() + "\n\n" + "\n".join(f"{LETTERS[i]}. {text}" for i, text in enumerate(options))
-
-
-def parse_arc(row: _Row):
-    stem = row.get("question.stem", "question")
-    if isinstance(stem, dict):
-        row.fail("question", "has no 'stem'")
-    choices = row.get("question.choices", "choices")
-    if isinstance(choices, dict):  # HF layout: {"text": [...], "label": [...]}
-        choices = [{"text": t, "label": lab} for t, lab in zip(choices["text"], choices["label"])]
-    labels = [str(c.get("label")) for c in choices]
-    key = str(row.get("answerKey"))
-    if key not in labels:
-        row.fail("answerKey", f"{key!r} is not among the labels {labels}")
-    gold = LETTERS[labels.index(key)]  # numeric labels 1-5 become letters A-E
-    return _options_question(stem, [c["text"] for c in choices]), gold, {"options": LETTERS[:len(choices)]}
-
-
-def parse_gpqa(row: _Row):
-    correct = row.get("Correct Answer")
-    options = [correct] + [row.get(f"Incorrect Answer {i}") for i in (1, 2, 3)]
-    record_id = str(row.get("Record ID", required=False) or row.get("Question"))
-    order = list(range(4))
-    random.Random(int(hashlib.sha256(record_id.encode()).hexdigest(), 16)).shuffle(order)  # fixed per question
-    shuffled = [options[i].strip() for i in order]
-    return _options_question(row.get("Question"), shuffled), LETTERS[order.index(0)], {"options": "ABCD"}
-
-
-def parse_arith(row: _Row):
-    return row.get("question"), str(row.get("answer")), {"level": str(row.get("level", required=False) or "")}
-
-
-def parse_humaneval(row: _Row):
-    prompt = row.get("prompt")
-    user = f"Complete the following python function.\n\n```python\n{prompt}```"
-    return user, row.get("canonical_solution"), {
-        "entry_point": row.get("entry_point"), "test": row.get("test"), "code_prompt": prompt}
+from .chat_messages import messages
+from .local_files import read_local
+from .record_parsers import (DataError, Row, parse_arc, parse_arith, parse_dapo, parse_gpqa, parse_gsm8k,
+                             parse_humaneval, parse_math, parse_olympiad)
 
 
 @dataclass(frozen=True)
@@ -244,71 +86,6 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-def _read_local(path: str, split: str) -> list[tuple[str, dict]]:
-    """(where, record) pairs from a JSONL/JSON file or a folder (``{split}.jsonl`` or MATH layout)."""
-    if os.path.isdir(path):
-        jsonl = os.path.join(path, f"{split}.jsonl")
-        if os.path.isfile(jsonl):
-            return _read_local(jsonl, split)
-        subject_root = os.path.join(path, split)
-        if not os.path.isdir(subject_root):
-            raise DataError(f"{path}: neither {split}.jsonl nor a {split}/<subject>/*.json folder")
-        out = []
-        for subject in sorted(os.listdir(subject_root)):
-            for name in sorted(os.listdir(os.path.join(subject_root, subject))):
-                file = os.path.join(subject_root, subject, name)
-                if name.endswith(".json"):
-                    record = _load_json(file, file)
-                    record.setdefault("unique_id", f"{split}/{subject}/{name}")
-                    out.append((file, record))
-        return out
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: no such file or folder")
-    if path.endswith(".json"):
-        data = _load_json(path, path)
-        if not isinstance(data, list):
-            raise DataError(f"{path}: a .json data file must hold a list of records")
-        return [(f"{path}: row {i + 1}", r) for i, r in enumerate(data)]
-    out = []
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f):
-            line = _utf8(raw, f"{path}: row {i + 1}")
-            if line.strip():
-                out.append((f"{path}: row {i + 1}", _load_json_line(line, f"{path}: row {i + 1}")))
-    return out
-
-
-def _utf8(raw: bytes, where: str) -> str:
-    """``raw`` decoded, or a :class:`DataError` naming ``where`` and the offending byte.
-
-    >>> _utf8(b"ok", "f: row 1")
-    'ok'
-    >>> _utf8(b'{"q": "caf\\xe9"}', "f: row 2")
-    Traceback (most recent call last):
-    ...
-    tarpo.tasks.registry.DataError: f: row 2: not UTF-8 (byte 0xe9 at column 11)
-    """
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start)
-        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        at = f"line {line + 1}, column {col}" if line else f"column {col}"
-        raise DataError(f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at {at})") from None
-
-
-def _load_json(file: str, where: str):
-    with open(file, "rb") as f:
-        return _load_json_line(_utf8(f.read(), where), where)
-
-
-def _load_json_line(text: str, where: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-
-
 def _read_hub(task: Task, split: str) -> list[tuple[str, dict]]:
     if task.generate is not None:
         return [(f"{task.name}[{split}]: row {i + 1}", r) for i, r in enumerate(task.generate(split))]
@@ -325,14 +102,14 @@ def load_task(name: str, path: str | None = None, split: str | None = None, limi
     """Normalised examples of a task, from ``path`` (file or folder) or the hub."""
     task = get_task(name)
     split = split or (task.local_split if path and task.local_split else task.split)
-    raw = _read_local(path, split) if path else _read_hub(task, split)
+    raw = read_local(path, split) if path else _read_hub(task, split)
     if not raw:
         raise DataError(f"{path or task.hub_id}: no records")
     examples, first_row, duplicates = [], {}, {}
     for i, (where, record) in enumerate(raw[:limit] if limit else raw):
         if not isinstance(record, dict):
             raise DataError(f"{where}: a record must be a JSON object")
-        row = _Row(record, where)
+        row = Row(record, where)
         question, gold, extra = task.parse(row)
         if not isinstance(question, str) or not question.strip():
             raise DataError(f"{where}: the question text is empty")

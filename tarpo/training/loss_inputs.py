@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..config import IS_CORRECTIONS
+from ..method_fields import IS_CORRECTIONS
 from . import objective
 from .metrics import logp_drift
 from .objective import LossBatch, LossSettings, steps_fed_their_token

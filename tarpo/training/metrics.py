@@ -7,19 +7,37 @@ TRL's names here: ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``reward
 ``completions/clipped_ratio``, ``entropy``, ``num_tokens``; the loss step adds ``kl``, ``clip_ratio/*`` and
 ``vespo/phi_seq_mean`` (:func:`tarpo.training.loss_inputs.rollout_loss`). With ``log_completions`` the rollout's
 prompts, completions, rewards and advantages go to TRL's completion log (its printed sample, parquet files,
-wandb/trackio tables).
+wandb/trackio tables). The figures are computed here from the rollout alone; ``TrainerLogs._report``
+(:mod:`tarpo.training.trainer_logs`) writes them into TRL's logs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from accelerate.utils import gather_object
 from trl.trainer.utils import nanmax, nanmin, nanstd
 
 
-def log_rollout(trainer, mode: str, rollout, rewards, rewards_per_func, n_trunc: int) -> None:
-    """A rollout's metrics into ``trainer._metrics[mode]`` (every process's rows gathered)."""
-    gather, metrics = trainer.accelerator.gather, trainer._metrics[mode]
+@dataclass(frozen=True)
+class ReportSettings:
+    """What a rollout's figures are computed with besides the rollout, built once per trainer: the processes' gather,
+    the group size, the reward functions (their names; a grader's ``timeouts`` count), whether the routing has a
+    router, and the process's device. Fixed once the trainer is built (TRL sets none of them again)."""
+    gather: Callable
+    group_size: int
+    reward_funcs: tuple
+    reward_names: tuple
+    router: bool
+    device: torch.device
+
+
+def rollout_figures(s: ReportSettings, rollout, rewards, rewards_per_func, n_trunc: int) -> tuple[dict, int]:
+    """A rollout's metrics (every process's rows gathered) by name, and the tokens it read and wrote (its prompts
+    and completions: TRL's ``num_input_tokens_seen``)."""
+    gather, metrics = s.gather, {}
     mask = rollout.completion_mask
     units = gather(rollout.units.float())
     hard = gather(rollout.hard_tokens.float())
@@ -28,63 +46,55 @@ def log_rollout(trainer, mode: str, rollout, rewards, rewards_per_func, n_trunc:
     p_soft = gather(rollout.p_soft[rollout.decided].sum()[None]).sum()
     entropy = gather(rollout.entropy[mask].sum()[None]).sum()
     ended = gather(rollout.ended_with_eos)
-    grouped = rewards.view(-1, trainer.num_generations)
-    metrics["reward"].append(torch.nanmean(rewards).item())  # rows no reward function scored left out (TRL's)
-    metrics["reward_std"].append(nanstd(rewards).item())
+    grouped = rewards.view(-1, s.group_size)
+    metrics["reward"] = torch.nanmean(rewards).item()  # rows no reward function scored left out (TRL's)
+    metrics["reward_std"] = nanstd(rewards).item()
     alike = torch.isclose(nanstd(grouped, dim=1), torch.zeros(()))  # TRL's: the group's scored rows' std is 0
-    metrics["frac_reward_zero_std"].append(alike.float().mean().item())
-    for i, name in enumerate(trainer.reward_func_names):
-        metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, i]).item())
-        metrics[f"rewards/{name}/std"].append(nanstd(rewards_per_func[:, i]).item())
-        if hasattr(trainer.reward_funcs[i], "timeouts"):  # answers that hit the grader's timeout (scored 0)
-            timeouts = torch.tensor([float(trainer.reward_funcs[i].timeouts)], device=rewards.device)
-            metrics[f"rewards/{name}/timeouts"].append(gather(timeouts).sum().item())
-    metrics["entropy"].append((entropy / units.sum().clamp(min=1)).item())
-    metrics["completions/mean_units"].append(units.mean().item())
-    metrics["completions/mean_hard_tokens"].append(hard.mean().item())
+    metrics["frac_reward_zero_std"] = alike.float().mean().item()
+    for i, name in enumerate(s.reward_names):
+        metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, i]).item()
+        metrics[f"rewards/{name}/std"] = nanstd(rewards_per_func[:, i]).item()
+        if hasattr(s.reward_funcs[i], "timeouts"):  # answers that hit the grader's timeout (scored 0)
+            timeouts = torch.tensor([float(s.reward_funcs[i].timeouts)], device=rewards.device)
+            metrics[f"rewards/{name}/timeouts"] = gather(timeouts).sum().item()
+    metrics["entropy"] = (entropy / units.sum().clamp(min=1)).item()
+    metrics["completions/mean_units"] = units.mean().item()
+    metrics["completions/mean_hard_tokens"] = hard.mean().item()
     terminated = units[ended] if ended.any() else torch.zeros(1, device=units.device)  # TRL's edge case: none
     for name, values in (("length", units), ("terminated_length", terminated)):
-        metrics[f"completions/mean_{name}"].append(values.mean().item())
-        metrics[f"completions/min_{name}"].append(values.min().item())
-        metrics[f"completions/max_{name}"].append(values.max().item())
-    metrics["completions/clipped_ratio"].append(1 - ended.float().mean().item())
-    metrics["soft_ratio"].append((soft / units.sum().clamp(min=1)).item())
-    metrics["router/p_soft"].append((p_soft / decided.clamp(min=1)).item() if trainer.args.rule.router else 0.0)
-    metrics["prompts/truncated"].append(float(n_trunc))
-    trainer.state.num_input_tokens_seen += int(gather(rollout.prompt_mask.sum()[None]).sum() + units.sum())
-    metrics["num_tokens"] = [trainer.state.num_input_tokens_seen]
+        metrics[f"completions/mean_{name}"] = values.mean().item()
+        metrics[f"completions/min_{name}"] = values.min().item()
+        metrics[f"completions/max_{name}"] = values.max().item()
+    metrics["completions/clipped_ratio"] = 1 - ended.float().mean().item()
+    metrics["soft_ratio"] = (soft / units.sum().clamp(min=1)).item()
+    metrics["router/p_soft"] = (p_soft / decided.clamp(min=1)).item() if s.router else 0.0
+    metrics["prompts/truncated"] = float(n_trunc)
+    return metrics, int(gather(rollout.prompt_mask.sum()[None]).sum() + units.sum())
 
 
-def log_completions(trainer, prompts, completions, rewards_per_func, advantages) -> None:
-    """``log_completions``: the rollout's rows into TRL's completion log (every process's; advantages: the whole
-    batch's), which TRL's ``log`` prints and writes as TRL does."""
-    if not trainer.args.log_completions:
-        return
-    logs = trainer._logs
-    logs["prompt"].extend(gather_object(prompts))
-    logs["completion"].extend(gather_object(completions))
-    for i, name in enumerate(trainer.reward_func_names):
-        logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
-    logs["advantages"].extend(advantages.tolist())
+def completion_rows(s: ReportSettings, prompts, completions, rewards_per_func, advantages) -> dict:
+    """``log_completions``: the rollout's rows for TRL's completion log (every process's; advantages: the whole
+    batch's), in its layout (``prompt``, ``completion``, ``rewards[name]``, ``advantages``)."""
+    return {"prompt": gather_object(prompts), "completion": gather_object(completions),
+            "rewards": {name: rewards_per_func[:, i].tolist() for i, name in enumerate(s.reward_names)},
+            "advantages": advantages.tolist()}
 
 
-def flush_reward_logs(trainer, mode: str, rows: int) -> None:
-    """What the reward functions logged during this rollout through TRL's ``log_extra`` and ``log_metric`` (TRL's
-    own flush of its ``_generate_and_score_completions``, which this trainer replaces): each extra column into the
-    completion log (``log_completions``), each metric's mean over the processes into the step's metrics; the
-    pending lists emptied, so they do not grow all run. ``rows``: this process's completions."""
-    extra, pending = trainer._pending_extra_logs, trainer._pending_metrics
-    for column in sorted(set(gather_object(list(extra)))):  # sorted: every rank gathers in the same order
-        values = gather_object(extra.get(column, [None] * rows))
-        if trainer.args.log_completions:
-            trainer._logs["extra"][column].extend(values)
-    extra.clear()
+def reward_logs(s: ReportSettings, extra: dict, pending: dict, rows: int) -> tuple[dict, dict]:
+    """What the reward functions logged during this rollout through TRL's ``log_extra`` (``extra``: column ->
+    this process's values) and ``log_metric`` (``pending``: name -> values), as TRL's own flush of its
+    ``_generate_and_score_completions`` (which this trainer replaces) reports them: each extra column gathered over
+    the processes (for the completion log), each metric's mean over the processes. ``rows``: this process's
+    completions (a column a process did not log is None there)."""
+    columns = {column: gather_object(extra.get(column, [None] * rows))
+               for column in sorted(set(gather_object(list(extra))))}  # sorted: every rank gathers in the same order
+    means = {}
     for name in sorted(set(gather_object(list(pending)))):
         values = pending.get(name, [])
-        stats = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=trainer.accelerator.device)
-        total, count = trainer.accelerator.gather(stats).view(-1, 2).sum(dim=0).tolist()
-        trainer._metrics[mode][name].append(total / count)
-    pending.clear()
+        stats = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=s.device)
+        total, count = s.gather(stats).view(-1, 2).sum(dim=0).tolist()
+        means[name] = total / count
+    return columns, means
 
 
 def nan_quantile(values: torch.Tensor, q: float) -> torch.Tensor:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from . import checkpoints
+from . import resume
 from .distributed import on_any_rank
 
 CAUSES = ("a learning rate too high for the model (LR, ROUTER_LR), bf16 overflow in long sequences (try BF16=0 on a "
@@ -58,43 +58,49 @@ class NonFiniteGuard:
         bad = ~torch.isfinite(loss.detach())
         self._bad_loss = bad if self._bad_loss is None else self._bad_loss | bad
 
-    def step_is_finite(self, grad_norm, trainer) -> bool:
-        """At the optimizer step (``grad_norm``: the pre-clip norm, a tensor or a float): True for a finite step;
-        else drop the gradients, mark the optimizer step skipped, count it, and raise :class:`NonFiniteTraining`
-        past the limit. Appends ``nonfinite_steps`` to the trainer's metrics."""
-        if self.count is None:  # a resumed run goes on counting from its log
-            logged = [h["nonfinite_steps"] for h in trainer.state.log_history if "nonfinite_steps" in h]
+    def decide(self, grad_norm, log_history: list[dict]) -> bool:
+        """At the optimizer step (``grad_norm``: the pre-clip norm, a tensor or a float): whether the step is finite,
+        the same answer on every process (one all-reduce, the step's one host read), counted in :attr:`count` (a
+        resumed run goes on counting from ``log_history``, the Trainer's ``state.log_history``)."""
+        if self.count is None:
+            logged = [h["nonfinite_steps"] for h in log_history if "nonfinite_steps" in h]
             self.count = int(logged[-1]) if logged else 0
         norm = torch.as_tensor(grad_norm, dtype=torch.float32)
         bad = ~torch.isfinite(norm.to(self._bad_loss.device) if self._bad_loss is not None else norm)
         if self._bad_loss is not None:
             bad = bad | self._bad_loss
         self._bad_loss = None
-        finite = not bool(on_any_rank(bad).item())  # the one host read of the step
-        # accelerate's AcceleratedOptimizer.step_was_skipped (which transformers reads to hold the LR schedule) is a
-        # read-only property over its private _is_overflow, set only by its fp16 scaler: no public way to set it
-        trainer.optimizer._is_overflow = not finite
-        # TRL averages a step's metrics from its private _metrics into the log record; it has no public way to add
-        # one (its log_metric is handed to reward functions only)
-        trainer._metrics["train"]["nonfinite_steps"].append(float(self.count + (not finite)))
-        if finite:
-            self.in_a_row = 0
-            return True
-        self.count += 1
-        self.in_a_row += 1
-        trainer.model.zero_grad(set_to_none=True)
-        # The step's NaN leaves transformers' loss sum (so the run's train_loss stays finite), and with it the
-        # losses of the logging window's earlier steps (none at logging_steps=1; the sum is one tensor); the
-        # window's loss is logged NaN instead (TarpoTrainer.log), which metrics.jsonl writes as null. The sum is
-        # the Trainer's private ``_tr_loss``: transformers has no public way to drop a step's loss from it.
-        if getattr(trainer, "_tr_loss", None) is not None:
-            trainer._tr_loss.zero_()
-        self.skipped_since_log = True
-        step = trainer.state.global_step + 1
-        if self.in_a_row >= self.limit:
-            last = checkpoints.last_complete_checkpoint(trainer.args.output_dir, report=lambda _: None)
-            raise NonFiniteTraining(
-                f"step {step}: the loss or the gradient norm was not finite at {self.in_a_row} optimizer steps in a "
-                f"row (max_nonfinite_steps={self.limit}; each skipped, no parameter changed); the last complete "
-                f"checkpoint is {last or 'none (no checkpoint was saved)'}. Usual causes: {CAUSES}")
-        return False
+        finite = not bool(on_any_rank(bad).item())
+        self.in_a_row = 0 if finite else self.in_a_row + 1
+        self.count += not finite
+        self.skipped_since_log |= not finite
+        return finite
+
+    def stop(self, step: int, output_dir: str) -> NonFiniteTraining | None:
+        """The error that stops the run at ``step`` after :attr:`limit` bad steps in a row, naming the last complete
+        checkpoint of ``output_dir``; None while the run goes on."""
+        if self.in_a_row < self.limit:
+            return None
+        last = resume.last_complete_checkpoint(output_dir, report=lambda _: None)
+        return NonFiniteTraining(
+            f"step {step}: the loss or the gradient norm was not finite at {self.in_a_row} optimizer steps in a "
+            f"row (max_nonfinite_steps={self.limit}; each skipped, no parameter changed); the last complete "
+            f"checkpoint is {last or 'none (no checkpoint was saved)'}. Usual causes: {CAUSES}")
+
+
+def skip_or_take(trainer, finite: bool) -> None:
+    """The decision's effects on a transformers ``Trainer``: a non-finite step's gradients dropped, its optimizer
+    step marked skipped (the LR schedule holds) and its loss left out of the run's sum; a finite step taken."""
+    # accelerate's AcceleratedOptimizer.step_was_skipped (which transformers reads to hold the LR schedule) is a
+    # read-only property over its private _is_overflow, set only by its fp16 scaler: no public way to set it
+    trainer.optimizer._is_overflow = not finite
+    if finite:
+        return
+    trainer.model.zero_grad(set_to_none=True)
+    # The step's NaN leaves transformers' loss sum (so the run's train_loss stays finite), and with it the
+    # losses of the logging window's earlier steps (none at logging_steps=1; the sum is one tensor); the
+    # window's loss is logged NaN instead (TrainerLogs.log, tarpo.training.trainer_logs), which metrics.jsonl
+    # writes as null. The sum is the Trainer's private ``_tr_loss``: transformers has no public way to drop a
+    # step's loss from it.
+    if getattr(trainer, "_tr_loss", None) is not None:
+        trainer._tr_loss.zero_()

@@ -27,7 +27,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..atomic_files import write_json_atomic
-from ..config import signal_numbers
+from ..engineering_fields import signal_numbers
 from .distributed import on_any_rank
 
 logger = logging.getLogger(__name__)

@@ -9,17 +9,15 @@ gradient-accumulation steps, logging, PEFT set-up, checkpointing and resuming. W
   every field is batch-first; advantages are computed here, over whole groups, by :func:`reward_advantages`.
 - ``_compute_loss``: rebuilds the inputs, scores policy and reference (:func:`tarpo.training.scoring.score_rollout`)
   and applies :func:`tarpo.training.objective.tarpo_loss`; ``_get_grad_norm`` skips a non-finite step
-  (:mod:`tarpo.training.nonfinite`); ``log`` takes the step's maximum of ``*_max`` metrics.
+  (:mod:`tarpo.training.nonfinite`); what a rollout and a step log is :class:`TrainerLogs`'s
+  (:mod:`tarpo.training.trainer_logs`).
 - ``create_optimizer``: parameter groups for LoRA (``learning_rate``), the router (``router_lr``) and the soft
   input's own (HRPO's gate: ``hrpo_lr``, ``hrpo_lambda_lr``); under an 8-bit optimizer the router and the soft
   input keep fp32 state (:mod:`tarpo.training.optimizer`).
-- ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint``: the router (and the frozen reference router),
-  the soft input and the routing rule's settings are saved beside the adapter and restored; a checkpoint is written
-  whole into a temporary folder and renamed into place, a full disk raises ``DiskFull``, a non-finite tensor is refused
-  (:mod:`tarpo.training.checkpoints`); ``save_on_signals`` stop a run with a checkpoint
+- ``_save_checkpoint`` / ``save_model`` / ``_load_from_checkpoint`` and the resume: the heads saved beside the adapter,
+  each checkpoint written whole, a resume from the newest complete one (:class:`TrainerCheckpoints`, its own module
+  :mod:`tarpo.training.trainer_checkpoints`); ``save_on_signals`` stop a run with a checkpoint
   (:mod:`tarpo.training.preemption`).
-- ``train``: ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint; resuming
-  from one at the last step loads it and trains nothing (the Trainer would train one more step).
 
 The router (and a soft input with parameters, HRPO's gate) are submodules of the PEFT model's base model, so the
 Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones; the router trains only under
@@ -31,17 +29,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import time
 from dataclasses import fields, replace
 
 import torch
 from peft import LoraConfig
 from accelerate.utils import is_peft_model
-from transformers import TrainerState
 from trl.trainer.callbacks import SyncRefModelCallback
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, rotate_checkpoints
 
 from ..config import TarpoConfig
 from ..engine.backbone import Backbone, unwrap
@@ -58,11 +52,13 @@ from ..models.backends import make_backbone
 from ..models.loading import lora_config, new_router, stop_token_ids
 from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
 from ..tasks.prompts import encode_prompts
-from . import checkpoints, metrics, sharding, trl_contract
+from . import metrics, sharding, trl_contract
 from .callbacks import StepResources, SyncReferences
+from .trainer_checkpoints import TrainerCheckpoints
+from .trainer_logs import TrainerLogs
 from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
-from .nonfinite import NonFiniteGuard
+from .nonfinite import NonFiniteGuard, skip_or_take
 from .advantages import reward_advantages
 from .loss_inputs import loss_mask, rollout_loss
 from .objective import LossSettings
@@ -73,7 +69,7 @@ from .scoring import StepScores, ScoreSettings, score_rollout
 logger = logging.getLogger(__name__)
 GRPOTrainer = pristine_grpo_trainer()  # TRL's own class, never Unsloth's rewrite of it (tarpo.patches.trl_guard)
 
-class TarpoTrainer(GRPOTrainer):
+class TarpoTrainer(TrainerCheckpoints, TrainerLogs, GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: TarpoConfig | None = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
                  optimizers=(None, None), quantization_config=None, peft_config: LoraConfig | None = None,
@@ -116,6 +112,9 @@ class TarpoTrainer(GRPOTrainer):
             base.tarpo_soft_input = self.soft_input.to(self.accelerator.device)
         self._seed_step, self._seed_index = None, 0
         self._loss_figures = metrics.LossFigures(self.accelerator.gather)
+        self._report_settings = metrics.ReportSettings(self.accelerator.gather, self.num_generations,
+                                                       tuple(self.reward_funcs), tuple(self.reward_func_names),
+                                                       args.rule.router, self.accelerator.device)
         self._resources = StepResources(self._metrics["train"], lambda: self.model)  # timing/, memory/, hooks/
         self.add_callback(self._resources)
         self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps)  # a non-finite step is skipped, counted
@@ -226,9 +225,7 @@ class TarpoTrainer(GRPOTrainer):
         local = slice(self.accelerator.process_index * len(prompts),
                       (self.accelerator.process_index + 1) * len(prompts))
 
-        metrics.log_rollout(self, mode, rollout, rewards, rewards_per_func, n_trunc)
-        metrics.log_completions(self, prompts, completions, rewards_per_func, advantages)
-        metrics.flush_reward_logs(self, mode, len(prompts))  # TRL's log_extra / log_metric
+        self._report(mode, rollout, rewards, rewards_per_func, n_trunc, (prompts, completions, advantages))
         out = {key: getattr(rollout, key) for key in ROLLOUT_FIELDS}
         out["advantages"] = advantages[local]
         # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step;
@@ -284,103 +281,10 @@ class TarpoTrainer(GRPOTrainer):
         gradient norm is not finite changes no parameter, optimizer state or learning rate."""
         grad_norm = super()._get_grad_norm(model, grad_norm)
         full = getattr(grad_norm, "full_tensor", None)  # FSDP2: the norm as a DTensor
-        self.nonfinite.step_is_finite(full() if full is not None else grad_norm, self)
+        finite = self.nonfinite.decide(full() if full is not None else grad_norm, self.state.log_history)
+        skip_or_take(self, finite)
+        self._metrics["train"]["nonfinite_steps"].append(float(self.nonfinite.count))  # the run's count, logged
+        if (stop := self.nonfinite.stop(self.state.global_step + 1, self.args.output_dir)) is not None:
+            raise stop
         self._loss_figures.flush("train", self._metrics["train"])  # the step's figures: one host read
         return grad_norm
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's, except that the project's own ``*_max`` (``*_min``) metrics and the run's count
-        ``nonfinite_steps`` log the largest (smallest) value of the logged steps' micro-batches, where TRL averages
-        every metric over them (TRL's own ``clip_ratio/high_max`` keeps TRL's meaning)."""
-        for mode, step_metrics in self._metrics.items():
-            self._loss_figures.flush(mode, step_metrics)  # an evaluation's (training's are flushed at each step)
-            for name, values in step_metrics.items():
-                finite = [v for v in values if v == v]  # NaN left out, as TRL's average leaves it out
-                own = name.startswith(("logp_drift", "importance_sampling/")) and name.endswith(("_max", "_min"))
-                if finite and (own or name == "nonfinite_steps"):
-                    step_metrics[name] = [min(finite) if name.endswith("_min") else max(finite)]
-        if "loss" in logs:  # a training log: its window's loss left the sums if a step was skipped (step_is_finite)
-            if self.nonfinite.skipped_since_log:
-                logs["loss"] = float("nan")
-            self.nonfinite.skipped_since_log = False
-        super().log(logs, start_time)
-
-    # A checkpoint is written whole into a temporary folder, then renamed into place (tarpo.training.checkpoints):
-    # a kill or a full disk during a save never leaves a checkpoint-N that a re-run would pick.
-    def _save_router(self, directory: str) -> None:
-        checkpoints.save_heads(directory, self.router, self.ref_router, self.soft_input, self.args)
-
-    def _get_output_dir(self, trial):
-        """The run folder; while a checkpoint is being saved, the temporary folder that the Trainer's
-        own save sequence (and TRL's) writes ``checkpoint-N`` into."""
-        staging = getattr(self, "_checkpoint_staging", None)
-        return staging if staging is not None else super()._get_output_dir(trial=trial)
-
-    def _save_checkpoint(self, model, trial):
-        run_dir = super()._get_output_dir(trial=trial)
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        checkpoints.refuse_nonfinite(self.model, name)
-        staging = checkpoints.staging_folder(run_dir, name)
-        staged = os.path.join(staging, name)
-        with checkpoints.staged_save(self, staging, name, run_dir) as main:
-            self._checkpoint_staging = staging
-            try:
-                # the Trainer's sequence into the temporary folder: adapter, optimizer, scheduler, RNG state,
-                # trainer_state.json (its rotation sees only this checkpoint there); then the router and the rest
-                super()._save_checkpoint(model, trial)
-                self._save_router(staged)
-                best = self.state.best_model_checkpoint
-                if best is not None and os.path.abspath(best).startswith(os.path.abspath(staging) + os.sep):
-                    self.state.best_model_checkpoint = os.path.join(run_dir, name)
-                    if main:
-                        self.state.save_to_json(os.path.join(staged, TRAINER_STATE_NAME))
-                self.accelerator.wait_for_everyone()  # every process's files (rng_state_<rank>.pth) are written
-                if main:
-                    checkpoints.write_manifest(staged)
-            finally:
-                self._checkpoint_staging = None
-        if main:
-            checkpoints.publish(staged, os.path.join(run_dir, name))
-            shutil.rmtree(staging, ignore_errors=True)
-            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
-        self.accelerator.wait_for_everyone()
-
-    def save_model(self, output_dir=None, _internal_call=False):
-        checkpoints.refuse_nonfinite(self.model, output_dir or self.args.output_dir)
-        if self.is_fsdp_enabled:  # FSDP2: the adapter gathered whole and written as PEFT's (one process loads it)
-            adapter = sharding.whole_state_dict(self.accelerator.unwrap_model(self.model), lambda n: "lora_" in n)
-            if self.args.should_save:
-                self._save(output_dir or self.args.output_dir, state_dict=adapter)
-        else:
-            super().save_model(output_dir, _internal_call)
-        if not _internal_call:
-            self._save_router(output_dir or self.args.output_dir)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.ref_router = checkpoints.load_heads(resume_from_checkpoint, self.router, self.soft_input,
-                                                 self.accelerator.device)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        if checkpoint is None or not checkpoints.load_optimizer_on_cpu(self, checkpoint):
-            super()._load_optimizer_and_scheduler(checkpoint)
-
-    def _resume_point(self, resume_from_checkpoint):
-        return checkpoints.resume_point(resume_from_checkpoint, self.args.output_dir, logger.warning)
-
-    def _at_the_end(self, checkpoint) -> bool:
-        """Whether ``checkpoint`` is at the last step of this training (the Trainer would still train
-        one more step from it)."""
-        step = checkpoints.read_state(checkpoint)["global_step"]
-        if self.args.max_steps > 0:
-            return step >= self.args.max_steps
-        return step >= self.set_initial_training_values(self.args, self.get_train_dataloader())[-1]
-
-    def _end_at(self, checkpoint):
-        """Training ended at ``checkpoint`` (a kill came after its save, before the final one): load it and
-        train nothing."""
-        logger.warning(f"{checkpoint} is at the last step of training: loading it, nothing left to train")
-        self._load_from_checkpoint(checkpoint)
-        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
-        return TrainOutput(self.state.global_step, 0.0, {})
