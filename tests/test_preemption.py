@@ -127,3 +127,21 @@ def test_another_kind_of_signal_during_the_final_save_does_not_end_the_process(m
                 saved = True
         assert saved and launch.received == "SIGUSR1"
     assert {s: signals.getsignal(s) for s in before} == before  # the handlers there before are back
+
+
+def test_a_command_run_inside_the_launch_keeps_the_launchs_handler(monkeypatch):
+    """EVAL=1 in one process runs ``tarpo eval`` inside the launch (tarpo.runs.launch.evaluate): a SIGTERM there is
+    the launch's Preempted (the marker, the line, status 75), not the plain command's exit (before: SystemExit(143):
+    the command had put its own SIGTERM handler over the launch's)."""
+    import signal as signals
+
+    from tarpo import cli
+    from tarpo.cli import table
+    from tarpo.runs import launch_signals
+
+    monkeypatch.setattr(table, "run", lambda args: signals.raise_signal(signals.SIGTERM) or 0)
+    before = signals.getsignal(signals.SIGTERM)
+    with launch_signals.LaunchSignals(("TERM", "USR1")):
+        with pytest.raises(launch_signals.Preempted, match="SIGTERM"):
+            cli.main(["table", "--paper"])
+    assert signals.getsignal(signals.SIGTERM) == before

@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
                                             description=module.__doc__,
                                             formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
-    if threading.current_thread() is threading.main_thread():
-        # `kill` becomes a normal exit: grading pools close, multiprocessing's temp folder goes
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        # `kill` becomes a normal exit: grading pools close, multiprocessing's temp folder goes. A handler already
+        # there is kept: the launch's, when EVAL=1 runs this inside it (tarpo.runs.launch_signals: status 75)
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return importlib.import_module(COMMANDS[args.command]).run(args)
