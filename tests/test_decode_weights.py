@@ -107,6 +107,21 @@ def test_an_evaluation_builds_the_weights_once_and_training_every_rollout(tokeni
     assert built == ["all"] * 3
 
 
+def test_an_evaluation_holds_one_set_of_weights_a_model(tokenizer):
+    """auto chosen again for a larger cache may take another level mid-evaluation: the weights of the level it
+    left are let go (before: both sets held until the evaluation's end, the copies twice)."""
+    import gc
+    import weakref
+
+    model = lora_model(tokenizer, PAPER)
+    with decode_weights.weights_held():
+        left = weakref.ref(decode_weights.decoder_weights(model, "all").layers[0].o.weight)  # a merged copy
+        now = decode_weights.decoder_weights(model, "attention")
+        gc.collect()
+        assert left() is None
+        assert decode_weights.decoder_weights(model, "attention") is now  # still built once a level
+
+
 def test_the_merged_decodes_bf16_drift_stays_within_the_measured_bounds(tokenizer):
     """bf16 weights, LoRA on every linear layer with a random B: the drift |log p rollout - log p training| of the
     merged decode ("all") is within 2x the adapter's ("none") in mean and tail, and no step moves by 0.1 nats

@@ -34,7 +34,7 @@ LEVELS = DECODE_MERGES[1:]  # all, attention, none: the most copies first (Tarpo
 FREE_SHARE = 0.8  # of the free memory, for the copies and the KV cache: the rest for the step's own tensors
 _chosen: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()  # model -> (auto's
 #                                                                                      level, the cache it allowed)
-_held: dict | None = None  # while weights_held(): (id(model), level) -> (model, weights)
+_held: dict | None = None  # while weights_held(): id(model) -> (model, level, weights), one level a model
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -84,11 +84,11 @@ def weights_held():
 
 
 def decoder_weights(model, level: str):
-    """:func:`tarpo.engine.decoder_tensors.build` at ``level``, built once per model within
-    :func:`weights_held`, else every call."""
+    """:func:`tarpo.engine.decoder_tensors.build` at ``level``, built once per model within :func:`weights_held`
+    (one level held a model: a new level's replace the last's), else every call."""
     if _held is None:
         return decoder_tensors.build(model, level)
-    key = (id(model), level)
-    if key not in _held:
-        _held[key] = (model, decoder_tensors.build(model, level))
-    return _held[key][1]
+    if _held.get(id(model), (None, None))[1] != level:  # the first, or another level (auto chosen again): the
+        _held.pop(id(model), None)                       # weights it leaves let go before the new ones are built
+        _held[id(model)] = (model, level, decoder_tensors.build(model, level))
+    return _held[id(model)][2]
