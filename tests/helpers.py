@@ -228,3 +228,14 @@ def loss_of(settings, **tensors):
     names = {f.name for f in fields(StepScores)}
     scores = StepScores(**{k: v for k, v in tensors.items() if k in names})
     return tarpo_loss(settings, scores, LossBatch(**{k: v for k, v in tensors.items() if k not in names}))
+
+
+def recorded_builds(monkeypatch) -> list:
+    """The merge level of every build of the compiled engine's decode weights from now on
+    (``tarpo.engine.decoder_tensors.build``, where tarpo.engine.decode_weights looks it up)."""
+    from tarpo.engine import decoder_tensors
+
+    built = []
+    build = decoder_tensors.build
+    monkeypatch.setattr(decoder_tensors, "build", lambda model, merge: built.append(merge) or build(model, merge))
+    return built

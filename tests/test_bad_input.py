@@ -269,7 +269,8 @@ def test_launcher_refuses_a_prompt_that_cannot_fit_before_loading_the_model(monk
     tok.save_pretrained(tmp_path / "tiny")
     data = write_jsonl(tmp_path / "train.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
     loads = []
-    monkeypatch.setattr("tarpo.models.loading.training_policy", lambda *a, **k: loads.append(1))
+    # patched where the launch calls it (before: tarpo.models.loading's, which the launch never looks up there)
+    monkeypatch.setattr("tarpo.runs.training_run.training_policy", lambda *a, **k: loads.append(1))
     code, err = run_launcher(monkeypatch, tmp_path, capsys, MODEL=str(tmp_path / "tiny"), DATA_PATH=data,
                              MAX_PROMPT_LENGTH="32", BF16="0")
     assert code == 2 and "prompt of row 0: even with an empty last user turn" in err, err

@@ -5,7 +5,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from helpers import encode_prompts, policy_of
+from helpers import encode_prompts, policy_of, recorded_builds
 from tarpo.config import TarpoConfig, default
 from tarpo.engine import decode_weights, decoder_tensors, functional_decoder
 from tarpo.engine.backbone import Backbone
@@ -26,14 +26,6 @@ def lora_model(tokenizer, targets, arch="llama", dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
     model = tiny_causal_lm(tokenizer, arch, seed=seed).to(dtype)
     return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=targets)).eval()
-
-
-def recorded_builds(monkeypatch) -> list:
-    built = []
-    build = decoder_tensors.build
-    monkeypatch.setattr(decoder_tensors, "build", lambda model, merge: built.append(merge)
-                        or build(model, merge))
-    return built
 
 
 def rollout(model, tokenizer, spec, seed=0):

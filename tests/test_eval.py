@@ -148,14 +148,11 @@ def test_an_evaluation_compiles_one_decode_graph_per_task(tiny, tmp_path, monkey
     import torch
     from torch._dynamo.utils import counters
 
-    from tarpo.engine import decoder_tensors
+    from helpers import recorded_builds
 
     torch._dynamo.reset()
     counters.clear()
-    built = []
-    monkeypatch.setattr(decoder_tensors, "build",
-                        lambda model, merge, build=decoder_tensors.build: built.append(merge)
-                        or build(model, merge))
+    built = recorded_builds(monkeypatch)
     args = eval_args(tiny, tmp_path, "--engine", "compiled")
     args[args.index("--tasks") + 1] = "gsm8k,math500,amc23"
     args[args.index("--limit") + 1] = "5"  # chunks of 2, 2 and 1 questions

@@ -130,9 +130,7 @@ def _merged_weight(p: Projection) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _merged(p: Projection, dtype) -> Projection:
-    """The projection with its LoRA merged into a copy in ``dtype``; without LoRA the model's own weight."""
-    if not p.lora:
-        return p
+    """The projection with its LoRA merged into a copy in ``dtype`` (called where it carries LoRA, :func:`_merges`)."""
     weight, bias = _merged_weight(p)
     return Projection(weight.to(dtype), None if bias is None else bias.to(dtype), ())
 

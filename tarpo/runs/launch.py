@@ -64,11 +64,9 @@ def evaluation_args(cfg: LaunchConfig, adapter: str) -> list[str]:
     return args
 
 
-def evaluate(cfg: LaunchConfig, adapter: str, signals=None) -> int:
+def evaluate(cfg: LaunchConfig, adapter: str) -> int:
     """``tarpo eval`` in this process (one-process runs)."""
     from ..cli import main as cli
-    if signals is not None:
-        signals.evaluating = True
     return cli(evaluation_args(cfg, adapter))
 
 
@@ -198,11 +196,14 @@ def main(argv=None) -> int:
             if not main_process:
                 return 0
             print(f"adapter and router saved to {adapter}")
-            if launched:  # the process that launched this one evaluates, once every process has ended
+            if launched or not cfg.eval:  # the process that launched this one evaluates, once every process ended
                 return 0
-            return evaluate(cfg, adapter, signals) if cfg.eval else 0
         except Preempted as stop:
-            return preempted(cfg, args, str(stop), evaluating=signals.evaluating)
+            return preempted(cfg, args, str(stop))
+        try:
+            return evaluate(cfg, adapter)
+        except Preempted as stop:
+            return preempted(cfg, args, str(stop), evaluating=True)
 
 
 if __name__ == "__main__":

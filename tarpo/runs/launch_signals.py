@@ -40,7 +40,6 @@ class LaunchSignals:
     def __init__(self, signals):
         self.signals, self.received, self._first, self._defer, self._previous = signal_numbers(signals), None, \
             (0, 0.0), False, {}
-        self.evaluating = False  # EVAL=1's evaluation has started (set by the launcher)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

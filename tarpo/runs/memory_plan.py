@@ -123,8 +123,9 @@ def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
     params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
     lora = sum(lora_r * (m.in_features + m.out_features) for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in set(lora_targets))
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    from ..engine.decoder_tensors import head_dim_of
+
+    heads, head_dim = config.num_attention_heads, head_dim_of(config)
     tied = getattr(config, "tie_word_embeddings", False)
     layer = model.get_decoder().layers[0]
     projections = tuple((name, m.in_features, m.out_features, m.bias is not None) for name, m in (

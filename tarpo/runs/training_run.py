@@ -8,8 +8,6 @@ longer than ``CPU_MAX_HOURS`` refused before any file is written. A new run fold
 
 from __future__ import annotations
 
-import contextlib
-
 import os
 
 import torch
@@ -76,7 +74,7 @@ def load_run(cfg: LaunchConfig, args):
     return tokenizer, dataset, model
 
 
-def train(cfg: LaunchConfig, args, ident: dict, signals=None) -> str | None:
+def train(cfg: LaunchConfig, args, ident: dict, signals) -> str | None:
     """Train into ``cfg.run_dir`` with ``args``, the run's TarpoConfig (:mod:`tarpo.runs.run_config`), recording
     ``ident`` (:func:`tarpo.runs.run_identity.identity`) in a new run folder; returns the saved adapter folder
     (None: stopped by a signal, with a checkpoint). Every process of a run calls this; the main one alone writes
@@ -116,9 +114,9 @@ def train(cfg: LaunchConfig, args, ident: dict, signals=None) -> str | None:
             if first_on_machine():  # checkpoint-<step> saved; each machine's launcher reads its own run folder
                 preemption.record_stop(run_dir, stop.received, stop.stopped_at)
             return None
-        with signals.deferred() if signals is not None else contextlib.nullcontext():
+        with signals.deferred():
             save_final(trainer, adapter)  # adapter/ appears complete, with final_state.json
-        if stopped and signals is not None:  # a signal in the last step: the adapter saved, no EVAL=1
+        if stopped:  # a signal in the last step: the adapter saved, no EVAL=1
             from .launch_signals import Preempted
             raise Preempted(stop.received)
     except (DiskFull, NonFiniteTraining, NonFiniteTensors) as exc:

@@ -96,7 +96,7 @@ def fake_evaluation() -> None:
     """EVAL=1 prints ``EVALUATED`` instead of evaluating (the tests ask whether it ran, not what it finds)."""
     from tarpo.runs import launch
 
-    launch.evaluate = lambda cfg, adapter, signals=None: print("EVALUATED", flush=True) or 0
+    launch.evaluate = lambda cfg, adapter: print("EVALUATED", flush=True) or 0
 
 
 def install(kill: str | None, enospc: str | None) -> None:
