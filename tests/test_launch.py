@@ -363,10 +363,10 @@ def test_a_starter_stopped_outside_the_training_steps_ends_with_the_requeue_stat
         calls.append((name, stop_as_term))
         if name in signalled:
             received.append("SIGTERM")
-            return 143 if stop_as_term else 0
+            return evaluation_status if stop_as_term else 0
         return 0
     monkeypatch.setattr(launcher, "run_command", lambda *a, **k: run_command(*a, **k, signalled=signalled))
-    signalled = {"tarpo.runs.launch"}
+    signalled, evaluation_status = {"tarpo.runs.launch"}, 143  # the evaluation ended by the SIGTERM passed on
     assert launcher.main(["gsm8k"]) == 75 and calls == [("tarpo.runs.launch", False)]
     assert ("tarpo launch: stopped by SIGTERM before training ended: nothing new was saved; run the same command "
             "again to start it again (exit status 75)") in capsys.readouterr().out
@@ -374,6 +374,8 @@ def test_a_starter_stopped_outside_the_training_steps_ends_with_the_requeue_stat
     signalled = {"tarpo.cli"}
     assert launcher.main(["gsm8k"]) == 75 and calls == [("tarpo.runs.launch", False), ("tarpo.cli", True)]
     assert "stopped by SIGTERM" in capsys.readouterr().out
+    evaluation_status = 0  # the evaluation finished before the signal reached it: its own status, no stop line
+    assert launcher.main(["gsm8k"]) == 0 and "stopped by" not in capsys.readouterr().out
 
 
 def test_the_main_process_is_rank_0(monkeypatch):
