@@ -16,6 +16,9 @@ ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.engine.rollout
 # that carry it (q|k|v and o; "all": gate|up and down too) or applied as an adapter; "auto": the memory plan's, or
 # without a plan the free memory's; the levels after "auto" from the most copies to none
 DECODE_MERGES = ("auto", "all", "attention", "none")
+# the blocks each level merges into copies where they carry LoRA: the engine's build (tarpo.engine.decoder_tensors)
+# and the memory plan's count of its copies (tarpo.runs.memory_plan.decode_copy_elements) read it here
+MERGED_BLOCKS = {"all": ("attention", "mlp"), "attention": ("attention",), "none": ()}
 
 
 def signal_numbers(names) -> list[int]:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..engineering_fields import MERGED_BLOCKS
 from .backbone import unwrap
 
 
@@ -163,7 +164,7 @@ def _merges(merge: str, qkv, o, gate_up, down) -> tuple[bool, bool, bool, bool]:
     every one; ``attention``: q|k|v and o) that carry LoRA, a group where any of its projections does. A copy of
     weights without LoRA buys nothing measurable (gate|up as one matrix: 0.0-0.2% of the 3B's decode step on an
     H100, docs/rollout-engines.md), so none is made."""
-    attention, mlp = merge in ("all", "attention"), merge == "all"
+    attention, mlp = "attention" in MERGED_BLOCKS[merge], "mlp" in MERGED_BLOCKS[merge]
     return (attention and any(p.lora for p in qkv), attention and bool(o.lora),
             mlp and any(p.lora for p in gate_up), mlp and bool(down.lora))
 

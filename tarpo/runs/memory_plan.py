@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass, replace
 
 from ..config import default
-from ..engineering_fields import DECODE_MERGES
+from ..engineering_fields import DECODE_MERGES, MERGED_BLOCKS
 
 GIB = 2 ** 30
 GPU_80GB = 79.1 * GIB      # what torch.cuda.mem_get_info reports as the total of an 80 GB A100/H100
@@ -176,7 +176,8 @@ def decode_copy_elements(s: Shapes, merge: str, half: bool) -> int:
         return sum(adapter_one(n) for n in names)
     qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
     level = "all" if merge == "auto" else merge  # not yet chosen: planned at the most it may copy
-    covered = {"all": {*qkv, "o_proj", *gate_up, "down_proj"}, "attention": {*qkv, "o_proj"}}.get(level, set())
+    blocks = {"attention": {*qkv, "o_proj"}, "mlp": {*gate_up, "down_proj"}}
+    covered = set().union(*(blocks[b] for b in MERGED_BLOCKS[level]))
 
     def group(names):  # merged where the level covers it and one of its projections carries LoRA
         return merged_group(names) if lora & covered & set(names) else adapter_group(names)
