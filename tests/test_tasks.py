@@ -7,6 +7,7 @@ from helpers import COUNTS, DATA, needs_data
 from tarpo.tasks.chat_messages import answer_tag, system_prompts
 from tarpo.tasks.record_parsers import DataError
 from tarpo.tasks.registry import TASKS, load_task
+from tarpo.tasks.synthetic import canonical_form
 
 
 @needs_data
@@ -102,3 +103,16 @@ def test_math_folder_layout_and_small_gpqa_and_dapo_files(tmp_path):
 
     dapo = write_jsonl(tmp_path / "dapo.jsonl", [{"prompt": "Find x.", "solution": "34"}])
     assert load_task("dapo", dapo)[0]["gold"] == "34"
+
+
+@pytest.mark.parametrize("task", ["arith_one", "arith_two"])
+def test_no_commuted_twin_across_the_arithmetic_split(task):
+    """A held-out ``b + a`` whose twin ``a + b`` is a training question has the same answer: the model has seen it.
+    The split deals each problem by its canonical form, so the twins fall on one side. Read through the loader, as
+    training and evaluation read it."""
+    def questions(split):
+        return [r["prompt"][-1]["content"] for r in load_task(task, split=split)]
+    train, test = ({canonical_form(q) for q in questions(s)} for s in ("train", "test"))
+    assert test and train and not train & test
+    reordered = [q for q in questions("test") if canonical_form(q) != canonical_form(q.replace(" + ", " - "))]
+    assert reordered  # the test split holds additions, whose twins the check above looked for

@@ -70,10 +70,14 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     Task("arith_shots", "arith_shots", parse_arith, "gsm8k", "", eval_lengths=(256, 64),
          generate=synthetic.make_split),
     # one-operation problems (a ± b, a and b in 1..15), a one-line system prompt and two one-operation worked
-    # examples as earlier chat turns, train and test split by a hash of the question: the real-model learning
-    # check's task (docs/real-model.md)
+    # examples as earlier chat turns, train and test split by a hash of the problem's canonical form: the
+    # real-model learning check's task (docs/real-model.md)
     Task("arith_one", "arith_one", parse_arith, "gsm8k", "", eval_lengths=(256, 64),
          generate=synthetic.one_step_split),
+    # two-operation problems (a ± b ± c in 1..9), the same system prompt, two two-operation worked examples: the
+    # real-model tables' column where a step of reasoning matters (docs/paper-mini.md)
+    Task("arith_two", "arith_two", parse_arith, "gsm8k", "", eval_lengths=(256, 64),
+         generate=synthetic.two_step_split),
 ]}
 # The MATH hub copy is split by subject; its configs are concatenated alphabetically.
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",

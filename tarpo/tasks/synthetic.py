@@ -16,6 +16,7 @@ as ``arith`` and graded like GSM8K (exact number after the tag).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import re
 
@@ -53,32 +54,75 @@ def make_split(split: str, n: int | None = None, levels=LEVELS) -> list[dict]:
 
 
 ONE_STEP_OPERANDS = range(1, 16)
+TWO_STEP_OPERANDS = range(1, 10)
 
 
-def one_step_split(split: str) -> list[dict]:
-    """The one-operation problems ``a + b`` and ``a - b`` with ``a, b`` in 1..15 (450 in all), each dealt to
-    ``train`` or ``test`` by a hash of its question, so the two splits never share a question and are the same
-    on every machine (222 train, 228 test); in a seeded order, ids ``arith1-{split}-{i}``. The real-model
-    learning check's task (``arith_one``, docs/real-model.md).
+def canonical_form(question: str) -> str:
+    """One form for the problems that are one problem: a chain ``a ± b ± c`` (evaluated left to right) is the sum
+    of its signed terms, so any order of the same signed terms has the same answer (``3 + 12`` is ``12 + 3``,
+    ``7 + 5 - 3`` is ``5 - 3 + 7``); the form is those terms sorted. A question that is not such a chain is
+    returned unchanged.
 
-    >>> [len(one_step_split(s)) for s in ("train", "test")]
-    [222, 228]
-    >>> one_step_split("test")[0]["question"] in {p["question"] for p in one_step_split("train")}
-    False
+    >>> canonical_form("Compute 12 + 3."), canonical_form("Compute 3 + 12."), canonical_form("Compute 12 - 3.")
+    ('+3+12', '+3+12', '-3+12')
+    >>> canonical_form("Compute 7 + 5 - 3.") == canonical_form("Compute 5 - 3 + 7.")
+    True
     """
+    match = re.fullmatch(r"Compute (\d+(?: [+-] \d+)*)\.", question)
+    if not match:
+        return question
+    tokens = match.group(1).split(" ")
+    terms = [int(tokens[0])] + [int(v) if op == "+" else -int(v) for op, v in zip(tokens[1::2], tokens[2::2])]
+    return "".join(f"{t:+d}" for t in sorted(terms))
+
+
+def chain_split(split: str, operands, operations: int, prefix: str) -> list[dict]:
+    """Every chain of ``operations`` additions/subtractions of numbers from ``operands``, each dealt to ``train`` or
+    ``test`` by a hash of its :func:`canonical_form`, so the splits never share a problem, not even as reordered
+    twins, and are the same on every machine; in a seeded order, ids ``{prefix}-{split}-{i}``."""
     if split not in SEEDS:
         raise ValueError(f"arith has splits {list(SEEDS)}, not {split!r}")
     out = []
-    for a in ONE_STEP_OPERANDS:
-        for op in "+-":
-            for b in ONE_STEP_OPERANDS:
-                question = f"Compute {a} {op} {b}."
-                if ("test" if hashlib.sha256(question.encode()).digest()[0] % 2 else "train") == split:
-                    total = a + b if op == "+" else a - b
-                    out.append({"question": question, "solution": f"{a}{op}{b}={total}", "answer": str(total),
-                                "level": 1})
+    for values in itertools.product(operands, repeat=operations + 1):
+        for ops in itertools.product("+-", repeat=operations):
+            question = f"Compute {values[0]} " + " ".join(f"{op} {v}" for op, v in zip(ops, values[1:])) + "."
+            if ("test" if hashlib.sha256(canonical_form(question).encode()).digest()[0] % 2 else "train") != split:
+                continue
+            total, steps = values[0], []
+            for op, v in zip(ops, values[1:]):
+                new = total + v if op == "+" else total - v
+                steps.append(f"{total}{op}{v}={new}")
+                total = new
+            out.append({"question": question, "solution": " ".join(steps), "answer": str(total),
+                        "level": operations})
     random.Random(SEEDS[split]).shuffle(out)
-    return [{**p, "id": f"arith1-{split}-{i}"} for i, p in enumerate(out)]
+    return [{**p, "id": f"{prefix}-{split}-{i}"} for i, p in enumerate(out)]
+
+
+def one_step_split(split: str) -> list[dict]:
+    """The one-operation problems ``a + b`` and ``a - b`` with ``a, b`` in 1..15 (450 in all; :func:`chain_split`,
+    ids ``arith1-...``). The real-model learning check's task (``arith_one``, docs/real-model.md).
+
+    >>> [len(one_step_split(s)) for s in ("train", "test")]
+    [228, 222]
+    >>> train = {canonical_form(p["question"]) for p in one_step_split("train")}
+    >>> any(canonical_form(p["question"]) in train for p in one_step_split("test"))
+    False
+    """
+    return chain_split(split, ONE_STEP_OPERANDS, 1, "arith1")
+
+
+def two_step_split(split: str) -> list[dict]:
+    """The two-operation problems ``a ± b ± c`` with ``a, b, c`` in 1..9 (2,916 in all; :func:`chain_split`, ids
+    ``arith2-...``): the real-model tables' column where a step of reasoning matters (``arith_two``,
+    docs/paper-mini.md).
+
+    >>> [len(two_step_split(s)) for s in ("train", "test")]
+    [1515, 1401]
+    >>> two_step_split("test")[0]["solution"].count("=")
+    2
+    """
+    return chain_split(split, TWO_STEP_OPERANDS, 2, "arith2")
 
 
 def completion_text(record: dict, tag: str = "####") -> str:
