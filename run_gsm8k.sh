@@ -9,7 +9,7 @@
 set -euo pipefail
 set -a
 # >>> the paper's settings for gsm8k (qwen2.5-3b's where they depend on the model), written by
-# scripts/write_launchers.py from tarpo/runs/presets.py (digest 3609cfc948fe)
+# scripts/write_launchers.py from tarpo/runs/presets.py (digest 4e15a2c8404d)
 TARPO_FROM_ENVIRONMENT=$(for v in MODEL ALGO ACTION_BIAS LR ROUTER_LR GROUP_SIZE BATCH MAX_PROMPT_LENGTH \
   MAX_COMPLETION_LENGTH TEMPERATURE SOFT_TOP_K ACTION_TEMPERATURE BETA ALPHA LAMBDA LORA_R \
   LORA_ALPHA LORA_TARGETS OPTIM LR_SCHEDULE WARMUP WEIGHT_DECAY MAX_GRAD_NORM EPOCHS BF16 \
@@ -20,7 +20,7 @@ ALGO=${ALGO:-tarpo}                          # tarpo, or a baseline (scripts/lau
 case "${MODEL,,}" in  # the other models' b0 and learning rates (Table 6); qwen2.5-3b's below
   qwen2.5-1.5b|qwen2.5-7b|qwen2.5-14b|qwen2.5-32b) ACTION_BIAS=${ACTION_BIAS:-4.6,0} ;;
   qwen2.5-3b) ;;
-  smollm2-135m) LR=${LR:-0.0003} ROUTER_LR=${ROUTER_LR:-0.003} ;;
+  smollm2-135m) LR=${LR:-0.0005} ROUTER_LR=${ROUTER_LR:-0.0005} ;;
   llama3.1-8b) ACTION_BIAS=${ACTION_BIAS:-4.6,0} LR=${LR:-2e-06} ROUTER_LR=${ROUTER_LR:-2e-06} ;;
   *) ACTION_BIAS=${ACTION_BIAS:-4.6,0} ;;  # a model without a preset
 esac

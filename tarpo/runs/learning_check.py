@@ -51,7 +51,7 @@ REAL_TASK = "arith_one"
 REAL_MODELS = {
     "smollm2-135m": dict(BATCH="32", GROUP_SIZE="4", MAX_COMPLETION_LENGTH="32", MAX_STEPS="30", LR="5e-4", BETA="0",
                          ROUTER_LR="5e-4", TEMPERATURE="1.0", LR_SCHEDULE="constant_with_warmup", LORA_R="16",
-                         LORA_ALPHA="32", LORA_TARGETS="all-linear", GRAD_CHECKPOINTING="0"),
+                         LORA_ALPHA="32", LORA_TARGETS="all-linear", GRAD_CHECKPOINTING="0", MICRO_BATCH="8"),
 }
 FORMAT = (f"the answer format shown by two worked examples as earlier chat turns (task {REAL_TASK}); the paper's "
           "reward")

@@ -1,0 +1,242 @@
+"""The paper's tables and figures in miniature, on a real model and a CPU, from one resumable command.
+
+Every system of the paper's Tables 1 and 5 on SmolLM2-135M-Instruct (``python -m tarpo.models.offline
+smollm2-135m`` first), on the same data and budget (docs/paper-mini.md says what was chosen and why):
+
+- **training-free**: CoT, Pure Latent and Entropy-Routed (the base model under each inference mode);
+- **trained**, each a launcher run (``python -m tarpo.runs.launch arith_one`` with its ``ALGO``) at the real-model
+  check's settings (:data:`tarpo.runs.learning_check.REAL_MODELS`), once per seed: GRPO, GRPO w/ Pure Latent,
+  GRPO w/ Entropy Routing, HRPO, Soft Tokens and TARPO, each evaluated in its own mode, and TARPO's model with
+  hard inference too;
+- **the figures of §5.4** (first seed only): TARPO at three initial biases b0 without action KL (the paper's panels
+  a and b), and with the action KL on and off at b0 = [2.2, 0] with beta > 0 (panel c).
+
+Each evaluation is ``tarpo eval`` on ``--questions`` held-out questions of each column (``arith_one``, the task
+trained on; ``arith_two``, a step more of reasoning) with ``--n`` samples each. Two jobs run side by side, one
+thread each. A job already finished is skipped when the command runs again; a killed training run resumes from its
+last checkpoint (``SAVE_STEPS``) and a killed evaluation from its last complete chunk. One line is printed as each
+job ends, with the time the rest is estimated to take. At the end (and with ``--report-only``) the report:
+``<out>/paper_mini.json``, ``<out>/tables.md`` and the PNG figures (:mod:`tarpo.runs.paper_mini_report`).
+
+    python -m tarpo.runs.paper_mini                          # seeds 0,1,2 into runs/paper-mini
+    python -m tarpo.runs.paper_mini --seeds 0                # one seed of Tables 1/5 and the figures
+    python -m tarpo.runs.paper_mini --report-only            # the report of what has finished so far
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..algorithms import ALGOS
+from .learning_check import REAL_MODELS, REAL_TASK, real_model_variables
+from .side_by_side import kill_running
+
+EVAL_TASKS = (REAL_TASK, "arith_two")
+TRAINED = ("grpo", "grpo_pure_latent", "grpo_entropy", "hrpo", "soft_tokens", "tarpo")
+TRAINING_FREE = (("CoT", "cot"), ("Pure Latent", "pure_latent"), ("Entropy-Routed", "entropy"))
+HARD_INFERENCE = "TARPO (hard inference)"
+# the §5.4 figures' runs (first seed): TARPO's b0 without action KL (BETA 0 turns it off: alpha sits inside beta's
+# term; b0 2.2 is the main TARPO run), and the action KL on / off at b0 2.2 with beta > 0
+B0_VALUES = (1.1, 2.2, 4.6)
+KL_BETA = "0.04"
+FIGURE_RUNS = {f"tarpo-b0={b}": {"ACTION_BIAS": f"{b},0"} for b in B0_VALUES if b != 2.2}
+FIGURE_RUNS.update({f"tarpo-alpha={a}": {"BETA": KL_BETA, "ALPHA": a} for a in ("1", "0")})
+PRIOR_SECONDS = {"train": 1300.0, "eval": 360.0}  # a job's time before one of its kind has finished (2-core CPU)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the command runs: built once from the flags (:func:`settings_from`)."""
+
+    model: str = "smollm2-135m"
+    out: str = os.path.join("runs", "paper-mini")
+    seeds: tuple = (0, 1, 2)
+    steps: int = 30
+    questions: int = 200
+    n: int = 4
+    slots: int = 2
+    figures: bool = True
+
+
+@dataclass
+class Job:
+    name: str            # train/<run> or eval/<label>: the folder under Settings.out
+    kind: str            # train | eval
+    command: list
+    env: dict
+    done_file: str       # present when the job is complete
+    after: tuple = ()    # names of the jobs it needs finished
+    seconds: float | None = field(default=None)
+
+
+def run_name(algo_or_figure: str, seed: int) -> str:
+    return f"{algo_or_figure}-s{seed}"
+
+
+def eval_label(system: str, seed: int | None) -> str:
+    """The folder of a system's evaluation: its table label, filesystem-safe, with the seed of a trained one."""
+    safe = system.replace(" ", "_").replace("/", "").replace("(", "").replace(")", "")
+    return safe if seed is None else f"{safe}-s{seed}"
+
+
+def plan(s: Settings) -> list[Job]:
+    """Every job of the command, in the order they start: the first seed's trainings and evaluations, the
+    training-free evaluations, the figures' runs, then the other seeds."""
+    from .paths import model_source
+    from .presets import MODELS
+
+    source = model_source(s.model, MODELS.get(s.model))
+    source = os.path.abspath(source) if os.path.isdir(source) else source
+    train_dir = os.path.join(s.out, "train")
+
+    def train(name, algo, seed, extra=None):
+        env = {**real_model_variables(s.model, train_dir, algo, s.steps, seed), "RUN_NAME": name, "SAVE_STEPS": "10",
+               **(extra or {})}
+        return Job(f"train/{name}", "train", [sys.executable, "-m", "tarpo.runs.launch", REAL_TASK], env,
+                   os.path.join(train_dir, name, "adapter", "final_state.json"))
+
+    def evaluation(system, mode, seed, adapter_run=None):
+        label = eval_label(system, seed if adapter_run else None)
+        folder = os.path.join(s.out, "eval", label)
+        command = [sys.executable, "-m", "tarpo.cli", "eval", "--model", source, "--tasks", ",".join(EVAL_TASKS),
+                   "--limit", str(s.questions), "--n", str(s.n), "--mode", mode, "--system", system,
+                   "--model-name", s.model, "--seed", str(seed), "--max-new-tokens",
+                   REAL_MODELS[s.model]["MAX_COMPLETION_LENGTH"], "--out", folder]
+        if adapter_run:
+            command += ["--adapter", os.path.join(train_dir, adapter_run, "adapter")]
+        return Job(f"eval/{label}", "eval", command, {"HF_HUB_OFFLINE": "1"},
+                   os.path.join(folder, f"{EVAL_TASKS[-1]}.results.json"),
+                   after=(f"train/{adapter_run}",) if adapter_run else ())
+
+    jobs = []
+    for i, seed in enumerate(s.seeds):
+        for algo in TRAINED:
+            jobs.append(train(run_name(algo, seed), algo, seed))
+        for algo in TRAINED:
+            rule = ALGOS[algo]
+            jobs.append(evaluation(rule.system, rule.eval_mode, seed, run_name(algo, seed)))
+        jobs.append(evaluation(HARD_INFERENCE, "hard", seed, run_name("tarpo", seed)))
+        if i == 0:
+            jobs += [evaluation(system, mode, seed) for system, mode in TRAINING_FREE]
+            if s.figures:
+                jobs += [train(run_name(name, seed), "tarpo", seed, extra) for name, extra in FIGURE_RUNS.items()]
+    return jobs
+
+
+def estimate_left(jobs: list[Job], s: Settings) -> float:
+    """Seconds the unfinished jobs are estimated to take, ``s.slots`` at a time: each at the mean of its kind's
+    finished jobs this session (else :data:`PRIOR_SECONDS`).
+
+    >>> j = [Job("a", "train", [], {}, "", seconds=1000.0), Job("b", "train", [], {}, ""),
+    ...      Job("c", "eval", [], {}, "")]
+    >>> estimate_left(j, Settings(slots=2))
+    680.0
+    """
+    def mean(kind):
+        times = [j.seconds for j in jobs if j.kind == kind and j.seconds]
+        return sum(times) / len(times) if times else PRIOR_SECONDS[kind]
+    return sum(mean(j.kind) for j in jobs if j.seconds is None) / s.slots
+
+
+def run_jobs(jobs: list[Job], s: Settings) -> dict[str, int]:
+    """Run the jobs not yet done, ``s.slots`` side by side (one thread each), each when the jobs it needs have
+    finished; print a line as each ends. Returns each failed job's exit status (a job that needs a failed one is not
+    started). A signal or an error leaves no job running; the finished ones stay done."""
+    threads = str(max(1, (os.cpu_count() or 1) // s.slots))
+    todo = [j for j in jobs if not os.path.isfile(j.done_file)]
+    skipped = len(jobs) - len(todo)
+    print(f"paper-mini: {len(jobs)} jobs, {skipped} done already, {len(todo)} to run into {s.out} "
+          f"(about {estimate_left(todo, s) / 60:.0f} min at the prior times)", flush=True)
+    running, failed, finished = {}, {}, {j.name for j in jobs if os.path.isfile(j.done_file)}
+    count = 0
+    try:
+        while todo or running:
+            for job in list(todo):
+                if len(running) >= s.slots:
+                    break
+                if any(a in failed for a in job.after):
+                    todo.remove(job)
+                    failed[job.name] = -1
+                    continue
+                if all(a in finished for a in job.after):
+                    todo.remove(job)
+                    os.makedirs(os.path.join(s.out, "logs"), exist_ok=True)
+                    log = open(os.path.join(s.out, "logs", job.name.replace("/", "-") + ".log"), "a")
+                    proc = subprocess.Popen(job.command, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "OMP_NUM_THREADS": threads, **job.env})
+                    running[job.name] = (job, proc, log, time.time())
+            time.sleep(1.0)
+            for name, (job, proc, log, started) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                log.close()
+                del running[name]
+                job.seconds, count = time.time() - started, count + 1
+                ok = proc.returncode == 0 and os.path.isfile(job.done_file)
+                if ok:
+                    finished.add(name)
+                else:
+                    failed[name] = proc.returncode
+                left = estimate_left([j for j in jobs if j.name not in failed and j.name not in finished
+                                      or j.seconds], s)
+                print(f"[{count}/{len(jobs) - skipped}] {name}: {'done' if ok else f'FAILED (exit {proc.returncode})'}"
+                      f" in {job.seconds / 60:.1f} min; about {left / 60:.0f} min left", flush=True)
+    finally:
+        kill_running({n: p for n, (_, p, _, _) in running.items()})
+    return failed
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=Settings.model, choices=sorted(REAL_MODELS))
+    ap.add_argument("--out", default=Settings.out)
+    ap.add_argument("--seeds", default=",".join(map(str, Settings.seeds)), help="comma-separated training seeds")
+    ap.add_argument("--steps", type=int, default=Settings.steps, help="RL steps of each training run")
+    ap.add_argument("--questions", type=int, default=Settings.questions, help="held-out questions of each column")
+    ap.add_argument("--n", type=int, default=Settings.n, help="samples per question (pass@n is the table's P@k)")
+    ap.add_argument("--slots", type=int, default=Settings.slots, help="jobs side by side")
+    ap.add_argument("--no-figures", action="store_true", help="leave out the §5.4 figures' runs")
+    ap.add_argument("--report-only", action="store_true", help="write the report of what has finished; run nothing")
+    return ap.parse_args(argv)
+
+
+def settings_from(args) -> Settings:
+    """The settings of the flags; a bad value is refused naming its flag, before anything runs or is written."""
+    try:
+        seeds = tuple(int(v) for v in args.seeds.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--seeds {args.seeds!r}: comma-separated integers") from None
+    for flag, value in (("--seeds", len(seeds)), ("--steps", args.steps), ("--questions", args.questions),
+                        ("--n", args.n), ("--slots", args.slots)):
+        if value < 1:
+            raise ValueError(f"{flag}: must be at least 1")
+    return Settings(args.model, os.path.abspath(args.out), seeds, args.steps, args.questions, args.n, args.slots,
+                    not args.no_figures)
+
+
+def main(argv=None) -> int:
+    from .paper_mini_report import write_report
+
+    args = parse_args(argv)
+    try:
+        s = settings_from(args)
+    except ValueError as exc:
+        print(f"paper-mini: {exc}", file=sys.stderr)
+        return 2
+    failed = {}
+    if not args.report_only:
+        os.makedirs(s.out, exist_ok=True)
+        failed = run_jobs(plan(s), s)
+    summary = write_report(s, plan(s))
+    print(json.dumps({"out": s.out, "failed": failed, "jobs_done": summary["jobs_done"]}), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
