@@ -68,8 +68,8 @@ def test_bad_flags_are_refused_before_anything_is_written(tmp_path, capsys):
 def write_eval(folder, task, scores, completions, n=4):
     """A results file and its trajectories as tarpo eval writes them (the fields the report reads)."""
     os.makedirs(folder, exist_ok=True)
-    records = [{"id": f"q{i // n}", "sample": i % n, "score": s, "completion": c, "actions": "hs-", "p_soft": [0.2, 0.7, 0],
-                "tokens": [1, 2, 3]} for i, (s, c) in enumerate(zip(scores, completions))]
+    records = [{"id": f"q{i // n}", "sample": i % n, "score": s, "completion": c, "actions": "hs-",
+                "p_soft": [0.2, 0.7, 0], "tokens": [1, 2, 3]} for i, (s, c) in enumerate(zip(scores, completions))]
     with open(os.path.join(folder, f"{task}.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     per_q = [sum(scores[q * n:(q + 1) * n]) / n for q in range(len(scores) // n)]
@@ -108,7 +108,8 @@ def test_the_report_computes_its_figures_from_the_files(tmp_path, monkeypatch):
     assert summary["comparisons"]["TARPO vs GRPO on arith_one"]["difference"] == 0
     run = summary["runs"]["tarpo-s0"]
     assert (run["p_soft_start"], run["p_soft_end"]) == (0.1, pytest.approx(0.3)) and run["learns"] is True
-    assert summary["where_soft"]["kind:digit"] == {"steps": 8 * 2, "soft_share": 0.0, "mean_p_soft": pytest.approx(0.2)}
+    digits = summary["where_soft"]["kind:digit"]
+    assert digits == {"steps": 8 * 2, "soft_share": 0.0, "mean_p_soft": pytest.approx(0.2)}
     assert summary["where_soft"]["position:1-4"]["steps"] == 8 * 2 * 2
     assert {"b0_soft_ratio.png", "b0_reward.png"} <= set(summary["figures"]["written"])
     assert json.load(open(tmp_path / "figures.json"))["b0"]["4.6"]["soft_ratio"] == [0.01] * 10
