@@ -10,8 +10,9 @@ import pytest
 
 from tarpo.algorithms import ALGOS
 from tarpo.runs import paper_mini, paper_mini_report
-from tarpo.runs.paper_mini import (EVAL_TASKS, FIGURE_RUNS, HARD_INFERENCE, TRAINED, TRAINING_FREE, Job, Settings,
-                                   plan, run_jobs)
+from tarpo.runs.paper_mini import run_jobs
+from tarpo.runs.paper_mini_plan import (EVAL_TASKS, FIGURE_RUNS, HARD_INFERENCE, TRAINED, TRAINING_FREE, Job, Settings,
+                                        eval_label, plan)
 
 
 def test_the_plan_holds_every_system_once_per_seed(tmp_path):
@@ -21,13 +22,13 @@ def test_the_plan_holds_every_system_once_per_seed(tmp_path):
     for seed in (0, 1, 2):
         for algo in TRAINED:
             assert f"train/{algo}-s{seed}" in names
-            ev = next(j for j in jobs if j.name == paper_mini.eval_label(ALGOS[algo].system, seed).join(("eval/", "")))
+            ev = next(j for j in jobs if j.name == eval_label(ALGOS[algo].system, seed).join(("eval/", "")))
             assert ev.after == (f"train/{algo}-s{seed}",) and ev.command[ev.command.index("--mode") + 1] == \
                 ALGOS[algo].eval_mode
-        hard = next(j for j in jobs if j.name == f"eval/{paper_mini.eval_label(HARD_INFERENCE, seed)}")
+        hard = next(j for j in jobs if j.name == f"eval/{eval_label(HARD_INFERENCE, seed)}")
         assert hard.command[hard.command.index("--mode") + 1] == "hard" and hard.after == (f"train/tarpo-s{seed}",)
     for system, mode in TRAINING_FREE:  # evaluated once: no training seed
-        assert names.count(f"eval/{paper_mini.eval_label(system, None)}") == 1
+        assert names.count(f"eval/{eval_label(system, None)}") == 1
     for figure in FIGURE_RUNS:  # the figures' runs on the first seed only
         assert f"train/{figure}-s0" in names and f"train/{figure}-s1" not in names
     every = next(j for j in jobs if j.name == "train/tarpo-s1").env

@@ -28,7 +28,7 @@ from ..algorithms import ALGOS
 from ..atomic_files import atomic_path, write_json_atomic, write_text_atomic
 from ..evaluation.plot import read_log
 from .learning_curves import summarize
-from .paper_mini import (B0_VALUES, EVAL_TASKS, FIGURE_RUNS, HARD_INFERENCE, TRAINED, TRAINING_FREE, eval_label,
+from .paper_mini_plan import (B0_VALUES, EVAL_TASKS, FIGURE_RUNS, HARD_INFERENCE, TRAINED, TRAINING_FREE, eval_label,
                          run_name)
 
 TAG = "####"

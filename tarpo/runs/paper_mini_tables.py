@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from .paper_mini import EVAL_TASKS, HARD_INFERENCE, TRAINING_FREE
+from .paper_mini_plan import EVAL_TASKS, HARD_INFERENCE, TRAINING_FREE
 
 ROWS = [name for name, _ in TRAINING_FREE] + ["GRPO", "GRPO w/ Pure Latent", "GRPO w/ Entropy Routing", "HRPO",
                                               "Soft Tokens", "TARPO", HARD_INFERENCE]
