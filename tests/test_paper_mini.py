@@ -116,3 +116,33 @@ def test_the_report_computes_its_figures_from_the_files(tmp_path, monkeypatch):
     assert json.load(open(tmp_path / "figures.json"))["b0"]["4.6"]["soft_ratio"] == [0.01] * 10
     table = (tmp_path / "tables.md").read_text()
     assert "| TARPO | 62.5 ± 0.0 |" in table and "| GRPO w/ Pure Latent | – |" in table
+
+
+def test_a_stop_signal_stops_the_running_jobs_and_leaves_none(tmp_path):
+    """SIGTERM to the command reaches each running job as SIGTERM (a launcher run saves a checkpoint then), the
+    command ends with 75, and no job is left running. The job here records the signal and exits as a launcher does."""
+    import signal
+    import subprocess
+    import time
+
+    marker, pidfile = tmp_path / "job-got-sigterm", tmp_path / "job.pid"
+    job_code = (f"import os, signal, sys, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); "
+                f"signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w').write('x'), sys.exit(75))); "
+                "time.sleep(60)")
+    driver = (f"import sys; from tarpo.runs import paper_mini; from tarpo.runs.paper_mini_plan import Job, Settings; "
+              f"s = Settings(out={str(tmp_path)!r}); "
+              f"job = Job('j', 'train', [sys.executable, '-c', {job_code!r}], {{}}, {str(tmp_path / 'never')!r}); "
+              "paper_mini.plan = lambda s: [job]; "
+              "paper_mini.write_report = None; "
+              "sys.exit(paper_mini.main(['--out', s.out]))")
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 75 and "stopped by signal" in out
+    assert marker.exists()  # the job was asked to stop, not killed
+    job_pid = int(pidfile.read_text())
+    assert not os.path.exists(f"/proc/{job_pid}") or open(f"/proc/{job_pid}/stat").read().split()[2] == "Z"

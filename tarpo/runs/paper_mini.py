@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +36,8 @@ import time
 from .learning_check import REAL_MODELS
 from .paper_mini_plan import PRIOR_SECONDS, Job, Settings, plan
 from .side_by_side import kill_running
+
+STOP_GRACE_S = 150.0  # a stop signal's wait for the running jobs to save (a training step is about 45 s here)
 
 def estimate_left(jobs: list[Job], s: Settings) -> float:
     """Seconds the unfinished jobs are estimated to take, ``s.slots`` at a time: each at the mean of its kind's
@@ -51,17 +54,51 @@ def estimate_left(jobs: list[Job], s: Settings) -> float:
     return sum(mean(j.kind) for j in jobs if j.seconds is None) / s.slots
 
 
+class Stopped(Exception):
+    """A stop signal reached the command (SIGTERM, SIGINT)."""
+
+
+def _stop(signum, _frame):
+    raise Stopped(signum)
+
+
+def stop_running(procs: dict, grace: float = STOP_GRACE_S) -> None:
+    """Ask each running job to stop (SIGTERM: a training run saves a checkpoint at the end of its step, an evaluation
+    keeps its complete chunks), wait up to ``grace`` seconds for them, then kill what still runs."""
+    try:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.time() + grace
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:  # a second signal while waiting: kill at once
+        kill_running(procs)
+
+
+def _start(job: Job, s: Settings, threads: str):
+    os.makedirs(os.path.join(s.out, "logs"), exist_ok=True)
+    log = open(os.path.join(s.out, "logs", job.name.replace("/", "-") + ".log"), "a")
+    proc = subprocess.Popen(job.command, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": threads, **job.env})
+    return job, proc, log, time.time()
+
+
 def run_jobs(jobs: list[Job], s: Settings) -> dict[str, int]:
     """Run the jobs not yet done, ``s.slots`` side by side (one thread each), each when the jobs it needs have
     finished; print a line as each ends. Returns each failed job's exit status (a job that needs a failed one is not
-    started). A signal or an error leaves no job running; the finished ones stay done."""
+    started). A stop signal (SIGTERM, SIGINT) stops the running jobs as :func:`stop_running` does and raises
+    :class:`Stopped`; an error kills them; the finished jobs stay done either way."""
     threads = str(max(1, (os.cpu_count() or 1) // s.slots))
     todo = [j for j in jobs if not os.path.isfile(j.done_file)]
     skipped = len(jobs) - len(todo)
     print(f"paper-mini: {len(jobs)} jobs, {skipped} done already, {len(todo)} to run into {s.out} "
           f"(about {estimate_left(todo, s) / 60:.0f} min at the prior times)", flush=True)
     running, failed, finished = {}, {}, {j.name for j in jobs if os.path.isfile(j.done_file)}
-    count = 0
+    previous = {n: signal.signal(n, _stop) for n in (signal.SIGTERM, signal.SIGINT)}
     try:
         while todo or running:
             for job in list(todo):
@@ -70,32 +107,32 @@ def run_jobs(jobs: list[Job], s: Settings) -> dict[str, int]:
                 if any(a in failed for a in job.after):
                     todo.remove(job)
                     failed[job.name] = -1
-                    continue
-                if all(a in finished for a in job.after):
+                elif all(a in finished for a in job.after):
                     todo.remove(job)
-                    os.makedirs(os.path.join(s.out, "logs"), exist_ok=True)
-                    log = open(os.path.join(s.out, "logs", job.name.replace("/", "-") + ".log"), "a")
-                    proc = subprocess.Popen(job.command, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "OMP_NUM_THREADS": threads, **job.env})
-                    running[job.name] = (job, proc, log, time.time())
+                    running[job.name] = _start(job, s, threads)
             time.sleep(1.0)
             for name, (job, proc, log, started) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 log.close()
                 del running[name]
-                job.seconds, count = time.time() - started, count + 1
+                job.seconds = time.time() - started
                 ok = proc.returncode == 0 and os.path.isfile(job.done_file)
                 if ok:
                     finished.add(name)
                 else:
                     failed[name] = proc.returncode
-                left = estimate_left([j for j in jobs if j.name not in failed and j.name not in finished
-                                      or j.seconds], s)
+                left = estimate_left([j for j in jobs if j.seconds or (j.name not in finished | set(failed))], s)
+                count = sum(j.seconds is not None for j in jobs)
                 print(f"[{count}/{len(jobs) - skipped}] {name}: {'done' if ok else f'FAILED (exit {proc.returncode})'}"
                       f" in {job.seconds / 60:.1f} min; about {left / 60:.0f} min left", flush=True)
+    except Stopped:
+        stop_running({n: p for n, (_, p, _, _) in running.items()})
+        raise
     finally:
         kill_running({n: p for n, (_, p, _, _) in running.items()})
+        for n, handler in previous.items():
+            signal.signal(n, handler)
     return failed
 
 
@@ -139,7 +176,12 @@ def main(argv=None) -> int:
     failed = {}
     if not args.report_only:
         os.makedirs(s.out, exist_ok=True)
-        failed = run_jobs(plan(s), s)
+        try:
+            failed = run_jobs(plan(s), s)
+        except Stopped as stop:
+            print(f"paper-mini: stopped by signal {stop.args[0]}; the finished jobs are kept and the stopped ones "
+                  "saved where they could: run the same command again to go on", flush=True)
+            return 75
     summary = write_report(s, plan(s))
     print(json.dumps({"out": s.out, "failed": failed, "jobs_done": summary["jobs_done"]}), flush=True)
     return 1 if failed else 0
