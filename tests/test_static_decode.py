@@ -426,3 +426,21 @@ def test_the_decode_steps_dynamo_settings_do_not_reach_other_compiled_functions(
     step()
     assert seen == [(static_decode.RECOMPILE_LIMIT, True)]
     assert (config.recompile_limit, config.fail_on_recompile_limit_hit) == defaults == (8, False)
+
+
+def test_each_distinct_prompt_is_prefilled_once(model, tokenizer, monkeypatch):
+    """A GRPO group's copies of one prompt (and the rows that pad the batch) are prefilled by one forward of each
+    distinct prompt, whose keys and values every copy gets: the compiled engine still draws the eager trajectory."""
+    from tarpo.engine import functional_decoder
+
+    made, new_cache = [], functional_decoder.new_cache
+
+    def recording(w, batch, *args):
+        made.append(batch)
+        return new_cache(w, batch, *args)
+    monkeypatch.setattr(functional_decoder, "new_cache", recording)
+    monkeypatch.setitem(globals(), "PROMPTS", [PROMPTS[0]] * 3 + [PROMPTS[2]] * 3)
+    *_, eager, compiled = run_both(model, tokenizer, "learned", seed=3, batch_size=8)
+    assert made == [8, 2]  # the engine's cache for the run's batch of 8, then one prefill row per distinct prompt
+    assert_same(eager, compiled)
+    assert not torch.equal(compiled.token_ids[0], compiled.token_ids[1])  # the copies sample apart after the prompt

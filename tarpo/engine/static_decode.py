@@ -19,8 +19,8 @@ and, on CUDA, replayed as one captured CUDA graph::
   (``RolloutSpec.max_prompt_length``, else this batch's prompt length) + new tokens, rounded up
   to a multiple of :data:`CACHE_BUCKET`; the batch is padded to ``RolloutSpec.batch_size``
   with rows that never run. So training compiles one graph, and evaluation one per task.
-  The prompt is prefilled eagerly once; the attention mask is the prompt's mask followed by
-  ones: causality hides positions not yet written.
+  The prompt is prefilled eagerly once (each distinct prompt of the batch once); the attention mask is the
+  prompt's mask followed by ones: causality hides positions not yet written.
 - **Over the positions written, as CUDA graphs** (:mod:`tarpo.engine.step_replay`): a step attends over
   the slots written so far, rounded up (:func:`tarpo.engine.step_replay.attention_span`), and on CUDA each
   such span's step is captured as a CUDA graph and replayed.
@@ -208,6 +208,29 @@ def check_fits(spec, prompt_ids) -> int:
     return spec.batch_size or B
 
 
+def _prefill(weights, embed, prompt_ids, prompt_mask, cache) -> torch.Tensor:
+    """The prompts' last hidden states [B, d], the cache's first P slots written for every row. A prompt that occurs
+    several times in the batch (a GRPO group, ``tarpo eval``'s ``--n`` samples of one question, the rows that pad the
+    batch) is run once and its keys and values copied to each of its rows: the numbers of a forward of every row up
+    to the kernels' batch-size rounding, for a fraction of the prompt compute (as the eager engine's prefill,
+    ``tarpo.engine.rollout._prefill``)."""
+    B, P = prompt_ids.shape
+    slots = torch.arange(P, device=prompt_ids.device)
+    unique, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1), dim=0,
+                                   return_inverse=True)
+    if unique.shape[0] == B:
+        return functional_decoder.forward(weights, embed[prompt_ids], positions_from_mask(prompt_mask.long()), cache,
+                                          slots, functional_decoder.prefill_mask(prompt_mask), P)[:, -1]
+    ids, mask = unique[:, :P], unique[:, P:]
+    once = functional_decoder.new_cache(weights, ids.shape[0], P, cache[0][0].dtype, ids.device)
+    hidden = functional_decoder.forward(weights, embed[ids], positions_from_mask(mask), once, slots,
+                                        functional_decoder.prefill_mask(mask), P)[:, -1]
+    for (keys, values), (unique_keys, unique_values) in zip(cache, once):
+        keys[:, :, :P].copy_(unique_keys[inverse])
+        values[:, :, :P].copy_(unique_values[inverse])
+    return hidden[inverse]
+
+
 @torch.no_grad()
 def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.Tensor, lockstep=None):
     """:func:`tarpo.engine.rollout.hybrid_generate` with ``engine="compiled"``, in the rollout's context
@@ -232,12 +255,9 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     engine.buf["keys"].copy_(keys)
 
     pos = positions_from_mask(prompt_mask.long())
-    hidden = functional_decoder.forward(weights, E[prompt_ids], pos, engine.cache, torch.arange(P, device=device),
-                                        functional_decoder.prefill_mask(prompt_mask), P)
-    engine.buf["hidden"].copy_(hidden[:, -1])
+    engine.buf["hidden"].copy_(_prefill(weights, E, prompt_ids, prompt_mask, engine.cache))
     engine.buf["pos"].copy_(pos[:, -1] + 1)
     engine.buf["slot"].fill_(P)
-    del hidden
     step = compiled_step(device)
     run = step_replay.step_runner(functools.partial(step, ctx, weights, engine.buf, engine.rec, engine.cache),
                                   engine.mask, device)

@@ -79,9 +79,24 @@ def stop_running(procs: dict, grace: float = STOP_GRACE_S) -> None:
         kill_running(procs)
 
 
+def code_version() -> str:
+    """The checkout's commit (``-dirty`` with uncommitted changes to tracked files), or ``unknown`` outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=here).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
 def _start(job: Job, s: Settings, threads: str):
     os.makedirs(os.path.join(s.out, "logs"), exist_ok=True)
     log = open(os.path.join(s.out, "logs", job.name.replace("/", "-") + ".log"), "a")
+    log.write(f"# {job.name}: started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} at commit "
+              f"{code_version()}\n")
+    log.flush()
     proc = subprocess.Popen(job.command, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "OMP_NUM_THREADS": threads, **job.env})
     return job, proc, log, time.time()
