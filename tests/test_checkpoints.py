@@ -49,7 +49,8 @@ def runs(tmp_path_factory):
     last = {"MAX_STEPS": "3", "SAVE_STEPS": "100", "EVAL": "1"}
     steps += [{"run": "sig_load", "signal_point": "load"}, {"run": "sig_load"},
               {"run": "sig_last", "env": last, "signal": 3}, {"run": "sig_last", "env": last},
-              {"run": "sig_save", "env": last, "signal_point": "final_save"}]
+              {"run": "sig_save", "env": last, "signal_point": "final_save"},
+              {"run": "sig_ckpt", "env": last, "signal_point": "last_checkpoint"}]
     env = {**ENV, "MODEL": str(root / "tiny"), "DATA_PATH": str(root / "train.jsonl"), "OUT_DIR": str(root / "runs")}
     (root / "plan.json").write_text(json.dumps({"env": env, "steps": steps}))
     clean = {k: v for k, v in os.environ.items() if k not in ("MODEL", "ALGO", "SEED", "EVAL", "BETA", "DRY_RUN")}
@@ -351,3 +352,17 @@ def test_a_stop_signal_outside_a_training_step_ends_the_launch_with_the_requeue_
     assert save["status"] == "exit 75" and "EVALUATED" not in save["output"], save["output"][-3000:]
     assert "adapter/final_state.json" in save["tree"] and f"{out / 'sig_save' / 'adapter'} is complete" in save[
         "output"]
+
+
+def test_a_stop_signal_during_the_last_steps_checkpoint_ends_with_the_requeue_status(runs):
+    """SIGTERM while transformers writes the checkpoint after the last step (inside train(), after that step's
+    on_step_end, where SaveOnSignal turns no signal into a stop): the checkpoint and the final adapter are saved,
+    exit 75 with its line, and EVAL=1 does not run. Before, the signal was recorded and forgotten: the run counted
+    as finished, went on into EVAL=1 and exited 0."""
+    by_run, out = runs
+    (ckpt,) = by_run["sig_ckpt"]
+    adapter = out / "sig_ckpt" / "adapter"
+    assert ckpt["status"] == "exit 75" and "EVALUATED" not in ckpt["output"], ckpt["output"][-3000:]
+    assert (f"tarpo launch: stopped by SIGTERM after training: {adapter} is complete; run the same command again to "
+            "evaluate (EVAL=1) (exit status 75)") in ckpt["output"].splitlines(), ckpt["output"][-3000:]
+    assert "adapter/final_state.json" in ckpt["tree"] and "checkpoint-3/checkpoint_manifest.json" in ckpt["tree"]

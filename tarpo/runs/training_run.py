@@ -109,7 +109,9 @@ def train(cfg: LaunchConfig, args, ident: dict, signals) -> str | None:
     try:
         trainer.train(resume_from_checkpoint=last)  # from a checkpoint at the last step: trains nothing
         stop = trainer.stop_signal
-        stopped = stop is not None and stop.stopped_at is not None
+        # a signal after the last step's on_step_end (the checkpoint transformers writes then, a last log) is
+        # received but stops no step: the run trained to its end, and stops before EVAL=1 all the same
+        stopped = stop is not None and (stop.stopped_at is not None or stop.received is not None)
         if stopped and trainer.state.global_step < trainer.state.max_steps:
             if first_on_machine():  # checkpoint-<step> saved; each machine's launcher reads its own run folder
                 preemption.record_stop(run_dir, stop.received, stop.stopped_at)

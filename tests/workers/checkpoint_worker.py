@@ -79,9 +79,22 @@ def signal_at(step: int) -> None:
 
 def signal_during(point: str) -> None:
     """Send this process SIGTERM twice (as :func:`signal_at`) when the launch reaches ``point``: ``load`` (the
-    model's load, before training) or ``final_save`` (the final adapter's save, after training)."""
+    model's load, before training), ``last_checkpoint`` (the checkpoint transformers writes after the last step,
+    inside ``train()`` but after that step's ``on_step_end``) or ``final_save`` (the final adapter's save, after
+    training)."""
     from tarpo.runs import training_run
 
+    if point == "last_checkpoint":
+        from tarpo.training.trainer import TarpoTrainer
+        save = TarpoTrainer._save_checkpoint
+
+        def signalled_save(self, *args, **kwargs):
+            if self.state.global_step == self.state.max_steps:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return save(self, *args, **kwargs)
+        TarpoTrainer._save_checkpoint = signalled_save
+        return
     name = {"load": "load_run", "final_save": "save_final"}[point]
     original = getattr(training_run, name)
 
