@@ -202,10 +202,13 @@ def test_full_fine_tuning_decays_and_keeps_state_as_transformers_does(model_dir,
 def test_sync_ref_model_moves_the_routers_reference_too(model_dir, tmp_path):
     """TRL's ``sync_ref_model`` under TARPO's learned routing, full fine-tuning: the token reference and the router's
     reference both move to alpha * policy + (1 - alpha) * reference at each sync (before: TRL's callback, pairing
-    parameters one by one, failed on the router, and the router's reference never moved)."""
+    parameters one by one, failed on the router, and the router's reference never moved). The learning rate is
+    1e-2, not TRL's 1e-6: one Adam step then moves a trained weight by about 1e-2, so a reference left where it was
+    differs from the synced one by far more than assert_close's tolerance (at 1e-6 the difference, 5e-7, was under
+    it, and a callback that did not sync the token reference passed)."""
     args = TarpoConfig(output_dir=str(tmp_path / "run"), routing="learned", **{
         **trl_defaults(), **SIZES, "use_peft": False, "beta": 0.04, "sync_ref_model": True, "ref_model_sync_steps": 1,
-        "ref_model_mixup_alpha": 0.5, "max_steps": 1})
+        "ref_model_mixup_alpha": 0.5, "max_steps": 1, "learning_rate": 1e-2})
     trainer = TarpoTrainer(model_dir, codes, args=args, train_dataset=standard())
     ref_router = {n: p.detach().clone() for n, p in trainer.ref_router.named_parameters()}
     ref_embed = trainer.ref_model.get_input_embeddings().weight.detach().clone()
@@ -215,6 +218,7 @@ def test_sync_ref_model_moves_the_routers_reference_too(model_dir, tmp_path):
     for n, p in trainer.router.named_parameters():  # (ref + router) / 2
         torch.testing.assert_close(dict(trainer.ref_router.named_parameters())[n], (ref_router[n] + p) / 2)
     embed = trainer.model.get_input_embeddings().weight
+    assert (embed - ref_embed).abs().max() > 1e-3  # trained far beyond the tolerance below
     torch.testing.assert_close(trainer.ref_model.get_input_embeddings().weight, (ref_embed + embed) / 2)
 
 
