@@ -529,3 +529,37 @@ def test_the_learning_check_reports_a_crash_as_a_crash_and_a_stop_as_a_stop(tmp_
     status = side_by_side.run_side_by_side(envs, str(tmp_path), deadline=__import__("time").time() + 3)
     assert status == {"crash": 3, "slow": None}
     assert (tmp_path / "crash.log").read_text() == "run crash\n"
+
+
+def test_the_launcher_forwards_a_stop_signal_to_its_training_processes(tmp_path):
+    """A stop signal sent to the launcher (``run_command``, as a scheduler sends it to the job's first process) goes
+    to the training processes below the agent, not to the agent: each worker saves and stops; the agent, which
+    would die of a USR1 and leave its workers running, is not signalled. The workers here run ``-m``-less scripts
+    whose command line names the launch module, as ``accelerate launch``'s workers do."""
+    import signal
+    import time
+
+    worker = ("import signal, sys, time, os\n"
+              "signal.signal(signal.SIGUSR1, lambda *a: (open(sys.argv[2], 'w').write('stopped'), sys.exit(75)))\n"
+              "open(sys.argv[2] + '.ready', 'w').close()\n"
+              "time.sleep(60)\n")
+    agent = ("import signal, subprocess, sys\n"
+             f"signal.signal(signal.SIGUSR1, lambda *a: open({str(tmp_path / 'agent')!r}, 'w').write('signalled'))\n"
+             f"procs = [subprocess.Popen([sys.executable, {str(tmp_path / 'worker.py')!r}, 'tarpo.runs.launch', "
+             f"{str(tmp_path)!r} + f'/worker{{i}}']) for i in range(2)]\n"
+             "sys.exit(max(p.wait() for p in procs))\n")
+    (tmp_path / "worker.py").write_text(worker)
+    (tmp_path / "agent.py").write_text(agent)
+    driver = ("import os, signal, sys; from tarpo.runs.processes import run_command; got = []; "
+              f"status = run_command([sys.executable, {str(tmp_path / 'agent.py')!r}], dict(os.environ), "
+              "stop_signals=(signal.SIGUSR1,), received=got); print(status, got)")
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not all((tmp_path / f"worker{i}.ready").exists() for i in range(2)):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=60)
+    assert out.split("\n")[-2] == "75 ['SIGUSR1']", out
+    assert all((tmp_path / f"worker{i}").read_text() == "stopped" for i in range(2))
+    assert not (tmp_path / "agent").exists()
