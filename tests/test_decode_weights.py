@@ -117,7 +117,10 @@ def test_an_evaluation_holds_one_set_of_weights_a_model(tokenizer):
 def test_the_merged_decodes_bf16_drift_stays_within_the_measured_bounds(tokenizer):
     """bf16 weights, LoRA on every linear layer with a random B: the drift |log p rollout - log p training| of the
     merged decode ("all") is within 2x the adapter's ("none") in mean and tail, and no step moves by 0.1 nats
-    (docs/rollout-engines.md, "Measured (issue 55)": +25% mean, +41% p99 on SmolLM2's shape, max 0.039)."""
+    (docs/rollout-engines.md: +25% mean, +41% p99 on SmolLM2's shape, max 0.039). A loose bound, on purpose: here
+    the merged decode measured mean 0.0022 against 0.0017, p99 0.0078 against 0.0084, max 0.0085, and bf16 rounding
+    differs between CPUs' kernels; the test catches a merge that doubles the drift or breaks a step, not a rise of a
+    third."""
     model = lora_model(tokenizer, ALL_LINEAR, arch="qwen2", dtype=torch.bfloat16)
     drift = {}
     for level in ("none", "all"):
