@@ -563,3 +563,22 @@ def test_the_launcher_forwards_a_stop_signal_to_its_training_processes(tmp_path)
     assert out.split("\n")[-2] == "75 ['SIGUSR1']", out
     assert all((tmp_path / f"worker{i}").read_text() == "stopped" for i in range(2))
     assert not (tmp_path / "agent").exists()
+
+
+def test_an_evaluation_that_exits_0_without_results_is_reported_failed(tmp_path, monkeypatch):
+    """The real-model check's evaluations: one that exits 0 but leaves no readable results file is a failure in the
+    summary, not an exception that stops the check before learning.json is written."""
+    import json as _json
+
+    from tarpo.runs import learning_check
+
+    fake = tmp_path / "fake-python"  # stands in for tarpo eval: the base writes its results, the others nothing
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do last=$prev; prev=$a; done\n'
+                    'case "$*" in *eval-base*) mkdir -p "$prev" && printf \'%s\' \'{"metrics": {"pass@1": 0.1, '
+                    '"accuracy_ci95": 0.05, "soft_ratio": 0}}\' > "$prev/arith_one.results.json";; esac\nexit 0\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(learning_check.sys, "executable", str(fake))
+    results = learning_check.evaluate_before_after("smollm2-135m", str(tmp_path), ["grpo"], questions=2, n=1)
+    assert results["base"]["pass@1"] == 0.1
+    assert "failed" in results["grpo"] and "unreadable" in results["grpo"]["failed"]
+    assert _json.dumps(results)  # what learning.json holds

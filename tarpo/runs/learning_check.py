@@ -19,10 +19,12 @@ algorithm learns (its rise is over twice its standard error), 1 when one does no
 setting is bad. Killed (SIGTERM, SIGINT), it stops its runs and summarises the steps they logged.
 
 **On a real model** (``--model smollm2-135m``, docs/real-model.md): no warm start; each run is
-``python -m tarpo.runs.launch arith_shots`` (the arithmetic with its answer format shown by two worked examples as
-earlier chat turns) with the settings of :data:`REAL_MODELS` (the model's preset for everything else), and the
-base model and each trained system are evaluated before and after on ``--eval-questions`` held-out questions with
-``--eval-n`` samples each (``tarpo eval``; pass@1 with its 95% interval). The output says the format was shown by
+``python -m tarpo.runs.launch arith_one`` (one-operation arithmetic with its answer format shown by two worked
+examples as earlier chat turns) with the settings of :data:`REAL_MODELS` (the model's preset for everything else),
+and the base model and each trained system are evaluated before and after on ``--eval-questions`` held-out
+questions with ``--eval-n`` samples each (``tarpo eval``; pass@1 with its 95% interval). An evaluation that fails,
+or ends without a readable results file, is reported as failed in ``learning.json``, which is written all the same.
+The output says the format was shown by
 the prompt, the reward being the paper's.
 
 Why a data-set preset and not a flag of the demo: the launcher's path is the thing checked (its presets,
@@ -109,8 +111,13 @@ def evaluate_before_after(model: str, out: str, algos, questions: int, n: int) -
             if proc.wait() != 0:
                 results[name] = {"mode": mode, "failed": f"tarpo eval exit {proc.returncode}"}
                 continue
-            with open(os.path.join(out, f"eval-{name}", f"{REAL_TASK}.results.json")) as f:
-                metrics = json.load(f)["metrics"]
+            path = os.path.join(out, f"eval-{name}", f"{REAL_TASK}.results.json")
+            try:
+                with open(path) as f:
+                    metrics = json.load(f)["metrics"]
+            except (OSError, ValueError, KeyError) as exc:  # exit 0 without its results: a failure all the same
+                results[name] = {"mode": mode, "failed": f"tarpo eval exit 0 but {path} unreadable ({exc})"}
+                continue
             results[name] = {"mode": mode, "pass@1": metrics["pass@1"], "ci95": metrics["accuracy_ci95"],
                              "soft_ratio": metrics["soft_ratio"], "seconds": round(time.time() - started, 1)}
     finally:  # an error or a signal here leaves no evaluation behind

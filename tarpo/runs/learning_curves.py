@@ -106,7 +106,8 @@ def summarize(run_dir: str) -> dict:
     last 20% of the steps (steps 1-10 and 81-100 of 100); ``rise``, ``rise_se`` and ``rise_rho``:
     :func:`dependent_rise_se` of the curve (``rise_se_ols`` the least-squares error before the widening);
     ``learns``: :func:`learns`. ``step_s``: the median step time after the first (which
-    compiles); the soft ratio, the log-prob drift's mean and tails, and on CUDA the memory peaks."""
+    compiles); the soft ratio, the log-prob drift's mean, ``logp_drift_p99`` the mean over steps of each step's 99th
+    percentile (not one percentile of all steps) and its largest value, and on CUDA the memory peaks."""
     path = os.path.join(run_dir, "metrics.jsonl")
     rows = []
     if os.path.isfile(path):
@@ -152,7 +153,8 @@ def report(results: dict[str, dict], evaluation: dict | None = None) -> str:
     def g(v):
         return "-" if v is None else f"{v:.2g}"
     lines = ["| algo | steps | first | last | rise (± 2 se, widened for dependence) | learns | step s (rollout s) "
-             "| soft ratio | router p(soft) | drift mean / p99 / max |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| soft ratio | router p(soft) | drift mean / step p99 (mean over steps) / max |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for algo, s in results.items():
         band = "" if s["rise_se"] is None else f" ± {2 * s['rise_se']:.3f}"
         lines.append(f"| {algo} | {s['steps']} | {f(s['first'])} | {f(s['last'])} | {f(s['rise'])}{band} | "

@@ -6,7 +6,9 @@ some send an early warning first (Slurm's ``--signal=USR1@120``). :class:`SaveOn
 records the signal (the save is atomic anyway: tarpo.training.checkpoints), and at the end of the step every process
 stops at the same step (the processes agree over one all-reduce of a flag a step, when there are several), the Trainer
 saves ``checkpoint-N`` and training returns; the same signal again meanwhile is handed to the handler that was there
-before (by default it ends the process), so a hung step or save can be stopped without SIGKILL. The same signal within
+before (by default it ends the process), so a step or save that is slow in Python can be stopped without SIGKILL (not
+one waiting inside a single C call: an NCCL collective, a stuck ``.item()``, a hung write; Python runs handlers only
+between bytecodes). The same signal within
 :data:`DUPLICATE_S` of the first is taken for a copy of it (a scheduler signals the whole process group, and a
 launcher may forward it too); another kind (Slurm's SIGTERM after its early-warning USR1) is the scheduler's next
 notice and changes nothing. The launcher then says so in one line and exits with :data:`EXIT_PREEMPTED` (75, sysexits'
