@@ -1,6 +1,8 @@
 """The compiled engine's decode weights (tarpo.engine.decode_weights; issue 64 item 6): copies only of what carries
 LoRA, ``auto`` chosen from the free memory where no plan chose it (kept for the model), built once per evaluation,
 a quantized model refused at construction, and the bf16 drift of the merged decode bounded."""
+import json
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -176,3 +178,31 @@ def test_the_trainers_evaluation_builds_the_weights_once(tokenizer, tmp_path, mo
     built = recorded_builds(monkeypatch)
     trainer.evaluate()
     assert built == ["all"]
+
+
+def test_a_run_decodes_at_the_level_it_started_with_for_its_whole_life(tokenizer, tmp_path, monkeypatch, caplog):
+    """The level decides the compiled rollout's bf16 numerics: the first compiled rollout's is written into the run
+    folder, and the run launched again with another decode_merge (a plan on another device, auto on a busier one)
+    decodes at the level it started with, saying so (before: at whatever the new launch chose)."""
+    import datasets
+
+    from tarpo.training.decode_level import RECORD
+    from tarpo.training.trainer import TarpoTrainer
+
+    data = datasets.Dataset.from_list([{"prompt": p} for p in "abcd"])
+
+    def train(level, steps):
+        args = TarpoConfig(output_dir=str(tmp_path / "run"), use_cpu=True, report_to="none", num_generations=2,
+                           per_device_train_batch_size=2, max_completion_length=4, max_steps=steps,
+                           rollout_engine="compiled", decode_merge=level, save_strategy="no")
+        TarpoTrainer(tiny_causal_lm(tokenizer, "qwen2", seed=0), lambda completions, **kw: [0.0] * len(completions),
+                     args=args, train_dataset=data, processing_class=tokenizer).train()
+    built = recorded_builds(monkeypatch)
+    train("attention", 1)
+    assert built == ["attention"]
+    assert json.loads((tmp_path / "run" / RECORD).read_text()) == {"decode_merge": "attention"}
+    built.clear()
+    with caplog.at_level("WARNING"):
+        train("all", 2)
+    assert built == ["attention", "attention"]
+    assert "decode_merge=all: this run decodes at attention" in caplog.text

@@ -35,6 +35,7 @@ FREE_SHARE = 0.8  # of the free memory, for the copies and the KV cache: the res
 _chosen: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()  # model -> (auto's
 #                                                                                      level, the cache it allowed)
 _held: dict | None = None  # while weights_held(): id(model) -> (model, level, weights), one level a model
+_used: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()  # model -> its last level
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -56,10 +57,13 @@ def merge_level(model, requested: str, batch: int, length: int, device: torch.de
     rollout whose KV cache is larger than the one it was chosen for; each process chooses its own): the first of
     :data:`LEVELS` whose copies (:func:`tarpo.engine.decoder_tensors.merged_bytes`) and KV cache fit in
     :data:`FREE_SHARE` of :func:`free_bytes` (``all`` where the free memory is unknown)."""
+    base = unwrap(model)
     if requested != "auto":
+        _used[base] = requested
         return requested
-    base, cache = unwrap(model), functional_decoder.cache_bytes(model, batch, length)
+    cache = functional_decoder.cache_bytes(model, batch, length)
     if base in _chosen and cache <= _chosen[base][1]:  # kept while the rollouts need no larger cache
+        _used[base] = _chosen[base][0]
         return _chosen[base][0]
     free, copies = free_bytes(device), {m: decoder_tensors.merged_bytes(model, m) for m in LEVELS}
     level = LEVELS[0] if free is None else next(
@@ -67,7 +71,13 @@ def merge_level(model, requested: str, batch: int, length: int, device: torch.de
     logger.info("decode_merge=auto: %s (copies %.2f GiB, KV cache %.2f GiB, free %s)", level,
                 copies[level] / 2 ** 30, cache / 2 ** 30, "unknown" if free is None else f"{free / 2 ** 30:.1f} GiB")
     _chosen[base] = (level, cache)
+    _used[base] = level
     return level
+
+
+def level_used(model) -> str | None:
+    """The level ``model``'s last compiled rollout decoded at (None before its first)."""
+    return _used.get(unwrap(model))
 
 
 @contextlib.contextmanager

@@ -54,6 +54,7 @@ from ..patches.trl_guard import check_overrides, pristine_grpo_trainer
 from ..tasks.prompts import encode_prompts
 from . import metrics, sharding, trl_contract
 from .callbacks import StepResources, SyncReferences
+from .decode_level import RunDecodeLevel
 from .trainer_checkpoints import TrainerCheckpoints
 from .trainer_logs import TrainerLogs
 from .grad_checkpointing import checkpointing_paused
@@ -93,6 +94,7 @@ class TarpoTrainer(TrainerCheckpoints, TrainerLogs, GRPOTrainer):
         peft_model = self.accelerator.unwrap_model(self.model)
         self.eos_token_ids = stop_token_ids(peft_model, self.processing_class)  # as eval stops (models/loading.py)
         self.engine = EngineChooser(self.args.rollout_engine, decoder_layers(peft_model))  # ENGINE=auto by cost
+        self.decode_level = RunDecodeLevel(self.args.output_dir, self.accelerator.is_main_process)  # one a run
         if "ref" in getattr(peft_model, "peft_config", {}):
             # TRL copies a passed-in adapter as "ref"; docs/algorithm.md §2's reference is the adapter disabled.
             peft_model.delete_adapter("ref")
@@ -202,7 +204,8 @@ class TarpoTrainer(TrainerCheckpoints, TrainerLogs, GRPOTrainer):
         rows = torch.arange(len(prompts)) + self.accelerator.process_index * len(prompts)
         started = time.perf_counter()
         self._resources.rollout_started()  # memory/rollout_peak_gib: the rollout's own
-        spec = replace(spec, engine=self.engine.next(device.type == "cuda"))
+        spec = replace(spec, engine=self.engine.next(device.type == "cuda"),
+                       decode_merge=self.decode_level.requested(spec.decode_merge))
         # sharded (FSDP2): the whole model gathered for the rollout, each rank decoding alone (tarpo.training.sharding)
         with sharding.gathered(model), checkpointing_paused(model):
             backbone = make_backbone(model)
@@ -214,6 +217,7 @@ class TarpoTrainer(TrainerCheckpoints, TrainerLogs, GRPOTrainer):
         self._metrics[mode]["timing/rollout_s"].append(seconds := time.perf_counter() - started)
         self._resources.rollout_ended(self._metrics[mode])  # memory/rollout_peak_gib
         self._engine_decided(seconds, rollout.token_ids.shape[1])
+        self.decode_level.record(model, spec.engine)
 
         completion_ids = [ids[m].tolist() for ids, m in zip(rollout.token_ids, rollout.completion_mask)]
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
