@@ -117,10 +117,11 @@ def test_the_preset_loads_its_offline_copy_once_made_from_the_pin_else_its_hub_i
     monkeypatch.chdir(tmp_path)
     hub = "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert resolve("gsm8k", {"MODEL": "smollm2-135m"}).model == hub
-    prepared_folder(tmp_path, None)  # a folder made before it recorded its source: not used
-    assert resolve("gsm8k", {"MODEL": "smollm2-135m"}).model == hub
+    prepared_folder(tmp_path, None)  # a folder made before it recorded its source: not used, and said so
+    with pytest.raises(ValueError, match="by an earlier version: run python -m tarpo.models.offline smollm2-135m"):
+        resolve("gsm8k", {"MODEL": "smollm2-135m"})
     prepared_folder(tmp_path, {**offline.source_record("smollm2-135m"), "gguf_sha256": "0" * 64})  # another pin
-    assert resolve("gsm8k", {"MODEL": "smollm2-135m"}).model == hub
+    assert offline.local_copy("smollm2-135m") is None and offline.stale_copy("smollm2-135m") is not None
     prepared_folder(tmp_path, offline.source_record("smollm2-135m"))
     cfg = resolve("gsm8k", {"MODEL": "smollm2-135m"})
     assert cfg.model == offline.model_folder("smollm2-135m") and cfg.preset == "smollm2-135m"
@@ -250,3 +251,17 @@ def test_a_cache_folder_that_cannot_be_written_is_named_with_its_variable(tmp_pa
     with pytest.raises(ValueError, match=rf"MODEL={path}: the converted model's folder {blocked}/gguf cannot be "
                                          r"written .*; set TARPO_CACHE_DIR to a folder you can write"):
         gguf_module.gguf_folder(path, str(blocked))
+
+
+def test_a_folder_of_another_pin_is_refused_naming_the_command(monkeypatch, tmp_path, capsys):
+    """A folder made before it recorded its source (or from another pin) is not used; the launch says how to make it
+    again rather than loading the hub's weights in its place without a word."""
+    monkeypatch.chdir(tmp_path)
+    prepared_folder(tmp_path, None)
+    for var in ("MODEL", "DRY_RUN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MODEL", "smollm2-135m")
+    monkeypatch.setenv("DRY_RUN", "1")
+    assert launch.main(["gsm8k"]) == 2
+    err = capsys.readouterr().err
+    assert "was made from another pin or by an earlier version: run python -m tarpo.models.offline smollm2-135m" in err

@@ -146,3 +146,17 @@ def test_a_stop_signal_stops_the_running_jobs_and_leaves_none(tmp_path):
     assert marker.exists()  # the job was asked to stop, not killed
     job_pid = int(pidfile.read_text())
     assert not os.path.exists(f"/proc/{job_pid}") or open(f"/proc/{job_pid}/stat").read().split()[2] == "Z"
+
+
+def test_a_folder_run_with_other_settings_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """Finished jobs are skipped by name: a run with another --steps into the same folder would mix results."""
+    out = tmp_path / "pm"
+    monkeypatch.setattr(paper_mini, "run_jobs", lambda jobs, s: {})
+    monkeypatch.setattr(paper_mini_report, "write_report", lambda s, jobs: {"jobs_done": 0})
+    assert paper_mini.main(["--out", str(out), "--steps", "30"]) == 0
+    assert paper_mini.main(["--out", str(out), "--steps", "20"]) == 2
+    assert "--steps 20 (the folder's: 30)" in capsys.readouterr().err
+
+
+def test_a_comparison_without_a_seed_of_both_is_left_out():
+    assert paper_mini_report.compare({0: 0.5}, {1: 0.4}, 0.1, 0.1) is None

@@ -7,7 +7,7 @@ from helpers import COUNTS, DATA, needs_data
 from tarpo.tasks.chat_messages import answer_tag, system_prompts
 from tarpo.tasks.record_parsers import DataError
 from tarpo.tasks.registry import TASKS, load_task
-from tarpo.tasks.synthetic import canonical_form
+from tarpo.tasks.synthetic import canonical_form, worked_examples
 
 
 @needs_data
@@ -114,5 +114,6 @@ def test_no_commuted_twin_across_the_arithmetic_split(task):
         return [r["prompt"][-1]["content"] for r in load_task(task, split=split)]
     train, test = ({canonical_form(q) for q in questions(s)} for s in ("train", "test"))
     assert test and train and not train & test
+    assert not test & {canonical_form(q) for q in worked_examples(task)}  # nor a question the prompt answers
     reordered = [q for q in questions("test") if canonical_form(q) != canonical_form(q.replace(" + ", " - "))]
     assert reordered  # the test split holds additions, whose twins the check above looked for

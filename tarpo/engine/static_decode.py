@@ -211,14 +211,16 @@ def check_fits(spec, prompt_ids) -> int:
 def _prefill(weights, embed, prompt_ids, prompt_mask, cache) -> torch.Tensor:
     """The prompts' last hidden states [B, d], the cache's first P slots written for every row. A prompt that occurs
     several times in the batch (a GRPO group, ``tarpo eval``'s ``--n`` samples of one question, the rows that pad the
-    batch) is run once and its keys and values copied to each of its rows: the numbers of a forward of every row up
-    to the kernels' batch-size rounding, for a fraction of the prompt compute (as the eager engine's prefill,
-    ``tarpo.engine.rollout._prefill``)."""
+    batch) is run once and its keys and values copied to each of its rows, when that at least quarters the rows run
+    (the prompt cache held meanwhile then stays within the memory plan's figure of a forward of every row,
+    docs/memory-plan.md): the
+    numbers of a forward of every row up to the kernels' batch-size rounding, for a fraction of the prompt compute
+    (as the eager engine's prefill, ``tarpo.engine.rollout._prefill``)."""
     B, P = prompt_ids.shape
     slots = torch.arange(P, device=prompt_ids.device)
     unique, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1), dim=0,
                                    return_inverse=True)
-    if unique.shape[0] == B:
+    if 4 * unique.shape[0] > B:  # few copies: one forward of every row (no second cache, the plan's B rows)
         return functional_decoder.forward(weights, embed[prompt_ids], positions_from_mask(prompt_mask.long()), cache,
                                           slots, functional_decoder.prefill_mask(prompt_mask), P)[:, -1]
     ids, mask = unique[:, :P], unique[:, P:]

@@ -75,6 +75,14 @@ def local_copy(preset: str, cache_dir: str = CACHE_DIR) -> str | None:
     return folder if made_from == source_record(preset) else None
 
 
+def stale_copy(preset: str, cache_dir: str = CACHE_DIR) -> str | None:
+    """A prepared folder of ``preset`` that :func:`local_copy` does not use (made from another pin, or before the
+    folder recorded its source), else None."""
+    folder = model_folder(preset, cache_dir)
+    exists = preset in PACKAGES and os.path.isfile(os.path.join(folder, "config.json"))
+    return folder if exists and local_copy(preset, cache_dir) is None else None
+
+
 def gguf_file(preset: str, cache_dir: str = CACHE_DIR) -> str:
     """The GGUF file of ``preset``, downloaded into ``<cache_dir>/downloads`` if it is not there yet."""
     if preset not in PACKAGES:

@@ -4,7 +4,7 @@ the ``metrics.jsonl`` it has logged so far (:func:`summarize`; the rise that of 
 one (:func:`report`). A run learns when its fitted rise is over twice the rise's standard error *widened for the
 dependence of consecutive steps* (:func:`dependent_rise_se`): a step's policy is the last one's plus one update, so
 its reward is not an independent draw, and the least-squares error alone calls a flat curve "learning" about twice
-as often as it should (docs/real-model.md, "When a curve learns").
+as often as it should (docs/paper-mini.md, "The statistics").
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ def dependent_rise_se(values: list[float]) -> tuple[float, float | None, float]:
     series, the usual first-order correction). Returns ``(rise, widened se, rho)``.
 
     Why: on 30-step flat curves whose steps follow an AR(1) with rho 0.4 (the dependence measured on the real
-    model's reward curves), ``rise > 2 se`` says "learns" for about 10% of them with the least-squares ``se``,
-    about 4% with this one (``tests/test_learning_check.py``); on independent steps both stay near the one-sided
-    2.3%. The price is power: a true rise of 0.3 over 30 steps with noise 0.1 is found about 85% of the time
-    instead of 98%.
+    model's reward curves), ``rise > 2 se`` says "learns" for about 10% of them with the least-squares ``se``, 3-7%
+    with this one (``tests/test_learning_curves.py``: 3% of its 400 seeded curves); on independent steps both stay
+    near the one-sided 2.3%. The price is power: a true rise of 0.3 over 30 steps with noise 0.1 is found 88% of the
+    time instead of 98%.
 
     Worked example: the curve 0, 0.2, 0.1, 0.3 of :func:`fitted_rise` has residuals -0.03, 0.09, -0.09, 0.03,
     whose raw lag-1 autocorrelation is (-0.0027 - 0.0081 - 0.0027) / 0.018 = -0.75, corrected -0.75 + (1 - 3) / 4

@@ -33,23 +33,26 @@ import subprocess
 import sys
 import time
 
+from ..atomic_files import write_json_atomic
 from .learning_check import REAL_MODELS
 from .paper_mini_plan import PRIOR_SECONDS, Job, Settings, plan
 from .side_by_side import kill_running
 
+STOPS = (signal.SIGTERM, signal.SIGINT)  # the command's stop signals
+SETTINGS_FILE = "paper_mini_settings.json"  # in --out: the settings its jobs ran with (settings_record)
 STOP_GRACE_S = 150.0  # a stop signal's wait for the running jobs to save (a training step is about 45 s here)
 
 def estimate_left(jobs: list[Job], s: Settings) -> float:
-    """Seconds the unfinished jobs are estimated to take, ``s.slots`` at a time: each at the mean of its kind's
-    finished jobs this session (else :data:`PRIOR_SECONDS`).
+    """Seconds the jobs not yet ended are estimated to take (a running one at its full length), ``s.slots`` at a
+    time: each at the mean of its kind's jobs that ended complete this time (else :data:`PRIOR_SECONDS`).
 
-    >>> j = [Job("a", "train", [], {}, "", seconds=1000.0), Job("b", "train", [], {}, ""),
-    ...      Job("c", "eval", [], {}, "")]
+    >>> j = [Job("a", "train", [], {}, "", seconds=1000.0, ok=True), Job("b", "train", [], {}, ""),
+    ...      Job("c", "eval", [], {}, ""), Job("d", "eval", [], {}, "", seconds=5.0)]  # d failed: not a measure
     >>> estimate_left(j, Settings(slots=2))
     680.0
     """
     def mean(kind):
-        times = [j.seconds for j in jobs if j.kind == kind and j.seconds]
+        times = [j.seconds for j in jobs if j.kind == kind and j.ok]
         return sum(times) / len(times) if times else PRIOR_SECONDS[kind]
     return sum(mean(j.kind) for j in jobs if j.seconds is None) / s.slots
 
@@ -58,17 +61,45 @@ class Stopped(Exception):
     """A stop signal reached the command (SIGTERM, SIGINT)."""
 
 
-def _stop(signum, _frame):
-    raise Stopped(signum)
+class _StopFlag:
+    """The stop signals' handler: the first is noted (the scheduler's loop stops the jobs at its next turn, so that
+    no exception lands between a job's start and its being held); the same request again interrupts that stop and
+    kills the jobs at once."""
+
+    def __init__(self):
+        self.signum = None
+
+    def __call__(self, signum, _frame):
+        if self.signum is None:
+            self.signum = signum
+            return
+        raise Stopped(signum)
+
+
+def _signal_group(proc, sig) -> None:
+    """``sig`` to a job's process group (each job is a session of its own: the launcher and what it started)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_jobs(procs: dict) -> None:
+    """Kill and reap each job still running, its process group with it."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGKILL)
+    kill_running(procs)
 
 
 def stop_running(procs: dict, grace: float = STOP_GRACE_S) -> None:
-    """Ask each running job to stop (SIGTERM: a training run saves a checkpoint at the end of its step, an evaluation
-    keeps its complete chunks), wait up to ``grace`` seconds for them, then kill what still runs."""
+    """Ask each running job to stop (SIGTERM to its process group: a training run saves a checkpoint at the end of
+    its step, an evaluation keeps its complete chunks), wait up to ``grace`` seconds for them, then kill what still
+    runs."""
     try:
         for proc in procs.values():
             if proc.poll() is None:
-                proc.terminate()
+                _signal_group(proc, signal.SIGTERM)
         deadline = time.time() + grace
         for proc in procs.values():
             try:
@@ -76,7 +107,7 @@ def stop_running(procs: dict, grace: float = STOP_GRACE_S) -> None:
             except subprocess.TimeoutExpired:
                 pass
     finally:  # a second signal while waiting: kill at once
-        kill_running(procs)
+        kill_jobs(procs)
 
 
 def code_version() -> str:
@@ -97,7 +128,9 @@ def _start(job: Job, s: Settings, threads: str):
     log.write(f"# {job.name}: started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} at commit "
               f"{code_version()}\n")
     log.flush()
-    proc = subprocess.Popen(job.command, stdout=log, stderr=subprocess.STDOUT,
+    # a session of its own: a terminal's Ctrl-C reaches this command alone, which asks the jobs to stop with SIGTERM
+    # (the signal a launcher saves a checkpoint on), instead of reaching every job as SIGINT
+    proc = subprocess.Popen(job.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": threads, **job.env})
     return job, proc, log, time.time()
 
@@ -106,14 +139,15 @@ def run_jobs(jobs: list[Job], s: Settings) -> dict[str, int]:
     """Run the jobs not yet done, ``s.slots`` side by side (one thread each), each when the jobs it needs have
     finished; print a line as each ends. Returns each failed job's exit status (a job that needs a failed one is not
     started). A stop signal (SIGTERM, SIGINT) stops the running jobs as :func:`stop_running` does and raises
-    :class:`Stopped`; an error kills them; the finished jobs stay done either way."""
+    :class:`Stopped` (a second one kills them at once); an error kills them; the finished jobs stay done."""
     threads = str(max(1, (os.cpu_count() or 1) // s.slots))
     todo = [j for j in jobs if not os.path.isfile(j.done_file)]
     skipped = len(jobs) - len(todo)
     print(f"paper-mini: {len(jobs)} jobs, {skipped} done already, {len(todo)} to run into {s.out} "
           f"(about {estimate_left(todo, s) / 60:.0f} min at the prior times)", flush=True)
     running, failed, finished = {}, {}, {j.name for j in jobs if os.path.isfile(j.done_file)}
-    previous = {n: signal.signal(n, _stop) for n in (signal.SIGTERM, signal.SIGINT)}
+    stop = _StopFlag()
+    previous = {n: signal.signal(n, stop) for n in STOPS}
     try:
         while todo or running:
             for job in list(todo):
@@ -126,29 +160,49 @@ def run_jobs(jobs: list[Job], s: Settings) -> dict[str, int]:
                     todo.remove(job)
                     running[job.name] = _start(job, s, threads)
             time.sleep(1.0)
+            if stop.signum is not None:
+                stop_running({n: p for n, (_, p, _, _) in running.items()})
+                raise Stopped(stop.signum)
             for name, (job, proc, log, started) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 log.close()
                 del running[name]
                 job.seconds = time.time() - started
-                ok = proc.returncode == 0 and os.path.isfile(job.done_file)
+                ok = job.ok = proc.returncode == 0 and os.path.isfile(job.done_file)
                 if ok:
                     finished.add(name)
                 else:
                     failed[name] = proc.returncode
-                left = estimate_left([j for j in jobs if j.seconds or (j.name not in finished | set(failed))], s)
+                left = estimate_left([j for j in jobs if j.ok or (j.name not in finished | set(failed))], s)
                 count = sum(j.seconds is not None for j in jobs)
                 print(f"[{count}/{len(jobs) - skipped}] {name}: {'done' if ok else f'FAILED (exit {proc.returncode})'}"
                       f" in {job.seconds / 60:.1f} min; about {left / 60:.0f} min left", flush=True)
-    except Stopped:
-        stop_running({n: p for n, (_, p, _, _) in running.items()})
-        raise
-    finally:
-        kill_running({n: p for n, (_, p, _, _) in running.items()})
+    finally:  # the handlers first (a signal now changes nothing), then no job left running
         for n, handler in previous.items():
             signal.signal(n, handler)
+        kill_jobs({n: p for n, (_, p, _, _) in running.items()})
     return failed
+
+
+def settings_record(s: Settings) -> dict:
+    """What decides the jobs' results (not ``seeds``, ``slots``, ``figures``: a later run may add seeds or figures)."""
+    return {"model": s.model, "steps": s.steps, "questions": s.questions, "n": s.n}
+
+
+def check_same_settings(s: Settings) -> None:
+    """A folder's finished jobs are skipped by name, so a run with other settings into it would mix results: refused,
+    naming each difference, before anything runs or is written."""
+    path = os.path.join(s.out, SETTINGS_FILE)
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        recorded = json.load(f)
+    now = settings_record(s)
+    diff = [f"--{k} {now[k]} (the folder's: {recorded.get(k)})" for k in now if recorded.get(k) != now[k]]
+    if diff:
+        raise ValueError(f"--out {s.out} holds jobs run with other settings: {'; '.join(diff)}; use another --out, "
+                         "or the folder's settings to go on")
 
 
 def parse_args(argv=None):
@@ -190,7 +244,13 @@ def main(argv=None) -> int:
         return 2
     failed = {}
     if not args.report_only:
+        try:
+            check_same_settings(s)
+        except ValueError as exc:
+            print(f"paper-mini: {exc}", file=sys.stderr)
+            return 2
         os.makedirs(s.out, exist_ok=True)
+        write_json_atomic(os.path.join(s.out, SETTINGS_FILE), settings_record(s))
         try:
             failed = run_jobs(plan(s), s)
         except Stopped as stop:

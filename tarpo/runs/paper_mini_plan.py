@@ -45,7 +45,8 @@ class Job:
     env: dict
     done_file: str       # present when the job is complete
     after: tuple = ()    # names of the jobs it needs finished
-    seconds: float | None = field(default=None)
+    seconds: float | None = field(default=None)  # how long it ran, once it has ended
+    ok: bool = False     # it ended complete
 
 
 def run_name(algo_or_figure: str, seed: int) -> str:

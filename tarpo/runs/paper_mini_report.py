@@ -134,6 +134,8 @@ def compare(per_seed: dict, reference: dict | float, ci_a: float, ci_b: float) -
     """
     diffs = [v - (reference[s] if isinstance(reference, dict) else reference)
              for s, v in per_seed.items() if not isinstance(reference, dict) or s in reference]
+    if not diffs:  # no seed of both (a reference evaluation failed or is still to run)
+        return None
     mean = statistics.fmean(diffs)
     sd = statistics.stdev(diffs) if len(diffs) > 1 else None
     ci = math.hypot(ci_a, ci_b)
@@ -173,8 +175,9 @@ def write_report(s, jobs) -> dict:
                 if task in ref and system != ref_name and fig["per_seed"]:
                     r = ref[task]
                     reference = r["per_seed"] if ref_name == "GRPO" else r["pass@1"]["mean"]
-                    summary["comparisons"][f"{system} vs {ref_name} on {task}"] = compare(
-                        fig["per_seed"], reference, fig["ci95"], r["ci95"])
+                    c = compare(fig["per_seed"], reference, fig["ci95"], r["ci95"])
+                    if c is not None:
+                        summary["comparisons"][f"{system} vs {ref_name} on {task}"] = c
     tarpo_evals = systems.get("TARPO", {}).get(EVAL_TASKS[0], {})
     if tarpo_evals:
         records = [r for e in tarpo_evals.values() for r in e["records"]]

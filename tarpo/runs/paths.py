@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from ..models.gguf import check_gguf, is_gguf
-from ..models.offline import local_copy
+from ..models.offline import local_copy, stale_copy
 from ..models.quantized import check_not_quantized
 
 
@@ -33,6 +33,11 @@ def model_source(model_key: str, preset: dict | None) -> str:
 def check_model(model_key: str, preset: dict | None, presets) -> None:
     """MODEL names a preset (of ``presets``), a hub id, a model folder or a usable GGUF file, and no quantized
     model. A GGUF file is converted into a folder only once the whole run is checked (:mod:`tarpo.runs.launch`)."""
+    stale = preset is not None and stale_copy(model_key.lower())
+    if stale:  # silently loading the hub's weights instead would change the run's weights (or fail offline)
+        raise ValueError(f"MODEL={model_key}: {stale} was made from another pin or by an earlier version: run "
+                         f"python -m tarpo.models.offline {model_key.lower()} again (or remove the folder to load "
+                         "the hub's weights)")
     if preset is None and is_gguf(model_key):
         check_gguf(model_key, f"MODEL={model_key}")
         return

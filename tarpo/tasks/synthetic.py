@@ -76,17 +76,20 @@ def canonical_form(question: str) -> str:
     return "".join(f"{t:+d}" for t in sorted(terms))
 
 
-def chain_split(split: str, operands, operations: int, prefix: str) -> list[dict]:
+def chain_split(split: str, operands, operations: int, prefix: str, shown=()) -> list[dict]:
     """Every chain of ``operations`` additions/subtractions of numbers from ``operands``, each dealt to ``train`` or
     ``test`` by a hash of its :func:`canonical_form`, so the splits never share a problem, not even as reordered
-    twins, and are the same on every machine; in a seeded order, ids ``{prefix}-{split}-{i}``."""
+    twins, and are the same on every machine; in a seeded order, ids ``{prefix}-{split}-{i}``. The problems of
+    ``shown`` (questions the prompt's worked examples answer) and their twins are left out of ``test``."""
     if split not in SEEDS:
         raise ValueError(f"arith has splits {list(SEEDS)}, not {split!r}")
+    shown = {canonical_form(q) for q in shown} if split == "test" else set()
     out = []
     for values in itertools.product(operands, repeat=operations + 1):
         for ops in itertools.product("+-", repeat=operations):
             question = f"Compute {values[0]} " + " ".join(f"{op} {v}" for op, v in zip(ops, values[1:])) + "."
-            if ("test" if hashlib.sha256(canonical_form(question).encode()).digest()[0] % 2 else "train") != split:
+            form = canonical_form(question)
+            if ("test" if hashlib.sha256(form.encode()).digest()[0] % 2 else "train") != split or form in shown:
                 continue
             total, steps = values[0], []
             for op, v in zip(ops, values[1:]):
@@ -99,17 +102,23 @@ def chain_split(split: str, operands, operations: int, prefix: str) -> list[dict
     return [{**p, "id": f"{prefix}-{split}-{i}"} for i, p in enumerate(out)]
 
 
+def worked_examples(kind: str) -> list[str]:
+    """The questions of the worked examples that ``kind``'s prompt shows (tarpo/resources/prompts.json)."""
+    from .chat_messages import system_prompts
+    return [question for question, _ in system_prompts()[kind].get("examples", ())]
+
+
 def one_step_split(split: str) -> list[dict]:
     """The one-operation problems ``a + b`` and ``a - b`` with ``a, b`` in 1..15 (450 in all; :func:`chain_split`,
     ids ``arith1-...``). The real-model learning check's task (``arith_one``, docs/real-model.md).
 
     >>> [len(one_step_split(s)) for s in ("train", "test")]
-    [228, 222]
+    [228, 220]
     >>> train = {canonical_form(p["question"]) for p in one_step_split("train")}
     >>> any(canonical_form(p["question"]) in train for p in one_step_split("test"))
     False
     """
-    return chain_split(split, ONE_STEP_OPERANDS, 1, "arith1")
+    return chain_split(split, ONE_STEP_OPERANDS, 1, "arith1", worked_examples("arith_one"))
 
 
 def two_step_split(split: str) -> list[dict]:
@@ -118,11 +127,11 @@ def two_step_split(split: str) -> list[dict]:
     docs/paper-mini.md).
 
     >>> [len(two_step_split(s)) for s in ("train", "test")]
-    [1515, 1401]
+    [1515, 1393]
     >>> two_step_split("test")[0]["solution"].count("=")
     2
     """
-    return chain_split(split, TWO_STEP_OPERANDS, 2, "arith2")
+    return chain_split(split, TWO_STEP_OPERANDS, 2, "arith2", worked_examples("arith_two"))
 
 
 def completion_text(record: dict, tag: str = "####") -> str:

@@ -29,7 +29,7 @@ class RunDecodeLevel:
 
     def __init__(self, output_dir: str, main_process: bool):
         self.path, self.main = os.path.join(output_dir, RECORD), main_process
-        self.level = None
+        self.level, self.warned = None, False
         if os.path.isfile(self.path):
             with open(self.path) as f:
                 self.level = json.load(f)["decode_merge"]
@@ -38,7 +38,8 @@ class RunDecodeLevel:
         """What the next rollout asks for: the run's level once there is one, else ``configured``."""
         if self.level is None:
             return configured
-        if configured not in ("auto", self.level):
+        if configured not in ("auto", self.level) and not self.warned:
+            self.warned = True
             logger.warning("decode_merge=%s: this run decodes at %s, the level it started with (%s); a new run "
                            "(another output_dir) takes the setting", configured, self.level, self.path)
         return self.level
