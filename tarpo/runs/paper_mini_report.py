@@ -84,6 +84,8 @@ def _run_figures(run_dir: str) -> dict | None:
         return None
     rows = read_log(run_dir)
     p_soft = [r.get("router/p_soft") for r in rows]
+    if not any(p_soft):  # no router (GRPO and the fixed routings log 0)
+        p_soft = [None]
     s = summarize(run_dir)
     return {**{k: s[k] for k in ("steps", "curve", "first", "last", "rise", "rise_se", "rise_rho", "learns", "step_s",
                                  "rollout_s", "soft_ratio", "logp_drift", "logp_drift_p99", "logp_drift_max")},
