@@ -105,7 +105,9 @@ def test_the_report_computes_its_figures_from_the_files(tmp_path, monkeypatch):
     assert tarpo["reward@1"]["mean"] == pytest.approx((1 / 8 + 1 / 4) / 2)  # the two-tag samples earn no reward
     assert summary["systems"]["GRPO"]["arith_one"]["reward@1"]["mean"] == tarpo["pass@1"]["mean"]
     vs_base = summary["comparisons"]["TARPO vs CoT on arith_one"]
+    # exact: both seeds' differences are the same number, whose SD is 0
     assert vs_base["difference"] == pytest.approx(5 / 8 - 1 / 8) and vs_base["seeds_sd"] == 0
+    # exact: GRPO's and TARPO's pass@1 are read from the same scores
     assert summary["comparisons"]["TARPO vs GRPO on arith_one"]["difference"] == 0
     run = summary["runs"]["tarpo-s0"]
     assert (run["p_soft_start"], run["p_soft_end"]) == (0.1, pytest.approx(0.3)) and run["learns"] is True

@@ -443,4 +443,5 @@ def test_each_distinct_prompt_is_prefilled_once(model, tokenizer, monkeypatch):
     *_, eager, compiled = run_both(model, tokenizer, "learned", seed=3, batch_size=8)
     assert made == [8, 2]  # the engine's cache for the run's batch of 8, then one prefill row per distinct prompt
     assert_same(eager, compiled)
-    assert not torch.equal(compiled.token_ids[0], compiled.token_ids[1])  # the copies sample apart after the prompt
+    # exact: token ids; the copies sample apart after the prompt
+    assert not torch.equal(compiled.token_ids[0], compiled.token_ids[1])
