@@ -70,8 +70,9 @@ def markdown(summary: dict) -> str:
               "questions' interval.", "",
               "| comparison | difference | seeds' SD | questions' 95% | beyond |", "|---|---|---|---|---|"]
     for name, c in summary["comparisons"].items():
+        verdict = "one seed: not judged" if c["seeds_sd"] is None else "yes" if c["beyond"] else "no"
         lines.append(f"| {name} | {c['difference']:+.3f} | {_f(c['seeds_sd'])} | {_f(c['questions_ci95'])} | "
-                     f"{'yes' if c['beyond'] else 'no'} |")
+                     f"{verdict} |")
     lines += ["", "### Training runs", "",
               "| run | steps | reward first / last | rise ± 2 se (rho) | learns | p(soft) start / end | soft ratio | "
               "drift mean / step p99 (mean) / max | step s (rollout s) |", "|---|---|---|---|---|---|---|---|---|"]
