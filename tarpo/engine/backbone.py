@@ -56,6 +56,14 @@ class Backbone:
         return contextlib.nullcontext()
 
 
+def distinct_prompts(prompt_ids: torch.Tensor, mask: torch.Tensor):
+    """Each distinct row of a left-padded batch once (the ids and the mask together): ``(ids [U, P], mask [U, P],
+    inverse [B])``, row ``b`` being distinct row ``inverse[b]``. Both engines' prefills run these rows only."""
+    P = prompt_ids.shape[1]
+    unique, inverse = torch.unique(torch.cat([prompt_ids, mask.to(prompt_ids.dtype)], 1), dim=0, return_inverse=True)
+    return unique[:, :P], unique[:, P:], inverse
+
+
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids for left-padded rows: 0 at each row's first real token (as ``generate``)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -34,7 +34,7 @@ from ..config import default
 from ..engineering_fields import DECODE_MERGES
 from ..method_fields import sampling_problem
 from ..algorithms import ROUTINGS, Routing, routing_rule
-from .backbone import positions_from_mask
+from .backbone import distinct_prompts, positions_from_mask
 from .engine_choice import check_engine, engine_for
 from .grouped_attention import grouped_decode_attention_on
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
@@ -221,10 +221,9 @@ def _prefill(backbone, prompt_ids, mask, pos, cache):
     up to the kernels' batch-size rounding, for a fraction of the prompt compute. Backbones with their
     own decode path keep one forward of the whole batch."""
     E = backbone.embed_weight
-    unique, inverse = torch.unique(torch.cat([prompt_ids, mask], 1), dim=0, return_inverse=True)
-    if unique.shape[0] == prompt_ids.shape[0] or not getattr(backbone, "transformers_decode", True):
+    ids, umask, inverse = distinct_prompts(prompt_ids, mask)
+    if ids.shape[0] == prompt_ids.shape[0] or not getattr(backbone, "transformers_decode", True):
         return backbone.hidden(E[prompt_ids], mask, pos, cache, token_ids=prompt_ids)[:, -1]
-    ids, umask = unique[:, :prompt_ids.shape[1]], unique[:, prompt_ids.shape[1]:]
     hidden = backbone.hidden(E[ids], umask, positions_from_mask(umask), cache, token_ids=ids)[:, -1]
     cache.reorder_cache(inverse)
     return hidden[inverse]

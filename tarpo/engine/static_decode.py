@@ -48,7 +48,7 @@ import os
 import torch
 
 from . import decode_weights, functional_decoder, step_replay
-from .backbone import positions_from_mask
+from .backbone import distinct_prompts, positions_from_mask
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .step import DecodeContext, hybrid_step, new_state
 
@@ -218,12 +218,10 @@ def _prefill(weights, embed, prompt_ids, prompt_mask, cache) -> torch.Tensor:
     (as the eager engine's prefill, ``tarpo.engine.rollout._prefill``)."""
     B, P = prompt_ids.shape
     slots = torch.arange(P, device=prompt_ids.device)
-    unique, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1), dim=0,
-                                   return_inverse=True)
-    if 4 * unique.shape[0] > B:  # few copies: one forward of every row (no second cache, the plan's B rows)
+    ids, mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
+    if 4 * ids.shape[0] > B:  # few copies: one forward of every row (no second cache, the plan's B rows)
         return functional_decoder.forward(weights, embed[prompt_ids], positions_from_mask(prompt_mask.long()), cache,
                                           slots, functional_decoder.prefill_mask(prompt_mask), P)[:, -1]
-    ids, mask = unique[:, :P], unique[:, P:]
     once = functional_decoder.new_cache(weights, ids.shape[0], P, cache[0][0].dtype, ids.device)
     hidden = functional_decoder.forward(weights, embed[ids], positions_from_mask(mask), once, slots,
                                         functional_decoder.prefill_mask(mask), P)[:, -1]
