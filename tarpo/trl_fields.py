@@ -13,24 +13,18 @@ from __future__ import annotations
 # Pinned: the only value that describes what runs; any other value is refused, naming the field.
 PINNED = {
     # how the loss is formed (tarpo.training.objective)
-    "use_adaptive_entropy": (False, "the entropy bonus is entropy_coef's, static: TRL's adaptive controller keeps "
-                                    "state across steps and checkpoints that this trainer does not save"),
     "router_aux_loss_coef": (None, "no MoE auxiliary loss is added (Qwen2 and Llama, the models served, are dense)"),
     # how completions are generated (tarpo.engine.rollout)
     "use_vllm": (False, "the hybrid decode loop feeds soft inputs, which vLLM cannot"),
     "use_transformers_paged": (False, "the hybrid decode loop is not transformers' generate"),
     "use_transformers_continuous_batching": (False, "the hybrid decode loop is not transformers' generate"),
     "repetition_penalty": (1.0, "the token policy has no repetition penalty: it would need each row's token history "
-                                "inside the compiled decode step (tarpo.engine.sampling)"),
+                                "([B, V] state) inside the compiled decode step, and a soft step's top-k mixture "
+                                "would then come from penalised probabilities that the training forward does not "
+                                "score (tarpo.engine.sampling)"),
     "cache_implementation": (None, "the rollout engines keep their own caches (eager: DynamicCache, compiled: "
                                    "a static cache of its own; rollout_engine)"),
-    "pad_to_multiple_of": (None, "the compiled engine already sizes its cache in multiples of 64 and decodes a fixed "
-                                 "batch; the training forward reads the steps that ran"),
     "num_generations_eval": (None, "evaluation groups are num_generations completions, like training's"),
-    "cast_lm_head_to_fp32": (False, "the logits of the rollout and the training forward are computed alike, in the "
-                                    "weights' dtype; measured, fp32 logits on both sides do not reduce their drift "
-                                    "(docs/rollout-engines.md), and TRL's cast makes a tied embedding fp32, which "
-                                    "this trainer reads as the compute dtype"),
     # TrainingArguments fields that the Trainer applies in code this trainer replaces
     "label_smoothing_factor": (0.0, "the loss is tarpo_loss, not a cross-entropy on labels"),
     "neftune_noise_alpha": (None, "inputs are built from E directly, past the embedding module NEFTune hooks"),
@@ -55,6 +49,10 @@ HONOURED = {
     "top_entropy_quantile", "sapo_temperature_neg", "sapo_temperature_pos",  # tarpo.training.objective, tarpo.losses
     "multi_objective_aggregation", "delta", "off_policy_mask_threshold",  # tarpo.training.objective, as TRL's
     "use_bias_correction_kl", "entropy_coef",            # ... for the router's terms too (docs/algorithm.md §8)
+    "cast_lm_head_to_fp32",                              # TRL's cast; fp32 logits in both (Backbone.logits)
+    "pad_to_multiple_of",                                # the training forward's lengths (tarpo.engine.records.padded)
+    "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",  # TRL's controller
+    "entropy_target",                                    # ... of entropy_coef (tarpo.training.trainer_entropy)
     "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",  # loss_type vespo (tarpo.losses)
     "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps",  # TRL's: full fine-tuning (use_peft=False)
     "log_completions", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",  # TRL's log
@@ -68,8 +66,6 @@ INERT = {
         "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
         "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
         "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap")},
-    **{name: "read only with use_adaptive_entropy" for name in (
-        "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")},
     "transformers_continuous_batching_config": "read only with use_transformers_continuous_batching",
     "log_multimodal": "read only for images, which no prompt of this trainer holds",
     "max_tool_calling_iterations": "read only with tools, which the trainer does not take",

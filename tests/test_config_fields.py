@@ -29,17 +29,18 @@ GRPO_OWN = names(GRPOConfig) - names(TrainingArguments)
 
 # For each pinned field, a value a user might set that TRL and transformers accept.
 OTHER = {
-    "use_adaptive_entropy": True, "router_aux_loss_coef": 0.001, "use_vllm": True,
+    "router_aux_loss_coef": 0.001, "use_vllm": True,
     "use_transformers_paged": True, "use_transformers_continuous_batching": True,
-    "repetition_penalty": 1.1, "cache_implementation": "static", "pad_to_multiple_of": 8, "num_generations_eval": 2,
-    "cast_lm_head_to_fp32": True, "label_smoothing_factor": 0.1,
+    "repetition_penalty": 1.1, "cache_implementation": "static", "num_generations_eval": 2,
+    "label_smoothing_factor": 0.1,
     "neftune_noise_alpha": 5.0, "include_num_input_tokens_seen": "all", "use_liger_kernel": True,
     "torch_compile": True,
 }
 # the fields pinned before issue 57, honoured since (tests/test_trl_contract.py trains with each): the list is shorter
 HONOURED_SINCE = {"multi_objective_aggregation", "use_bias_correction_kl", "delta", "off_policy_mask_threshold",
                   "entropy_coef", "sync_ref_model", "min_p", "generation_kwargs", "chat_template_kwargs",
-                  "log_completions"}
+                  "log_completions", "use_adaptive_entropy", "pad_to_multiple_of",
+                  "cast_lm_head_to_fp32"}
 
 
 def test_every_refusal_says_why_and_the_honoured_are_no_longer_refused():

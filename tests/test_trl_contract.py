@@ -4,7 +4,10 @@ conversational and streaming data sets, TRL's options, evaluation), with TRL's d
 default TarpoConfig changes, plain GRPO routing; each training scenario changes every trainable parameter."""
 
 import dataclasses
+import json
 import math
+import os
+import shutil
 
 import datasets
 import pytest
@@ -164,6 +167,108 @@ def test_the_entropy_bonus_trains_and_is_logged_as_trls(model_dir, tmp_path):
     assert math.isclose(log["loss"], log["policy_loss"] - 0.5 * log["entropy_bonus"], rel_tol=1e-4, abs_tol=1e-6)
     moved = max((adapters[0.5][n] - adapters[0.0][n]).abs().max().item() for n in adapters[0.0])
     assert moved > 1e-4, moved
+
+
+def adapter_at(folder) -> dict:
+    from safetensors.torch import load_file
+    return load_file(os.path.join(folder, "adapter_model.safetensors"))
+
+
+def test_adaptive_entropy_moves_the_coefficient_as_trls_controller_and_resumes(model_dir, tmp_path):
+    """``use_adaptive_entropy`` (TRL's controller, tarpo/training/trainer_entropy.py): with a target above any entropy
+    the coefficient rises by ``entropy_coef_delta`` at each step up to ``entropy_coef_max`` (logged 0.5, 0.8, 0.8).
+    Step 1 applies 0 (no step measured yet), so after it the run is where the run without the controller is; step 2
+    applies 0.5 and moves elsewhere. Each checkpoint keeps the controller's state in TRL's file, and a run resumed at
+    step 2 applies and logs what the uninterrupted run did (a resume that forgot it would log 0.5 at step 3)."""
+    common = dict(max_steps=3, optim="sgd", learning_rate=0.1, lr_scheduler_type="constant", warmup_steps=0,
+                  save_strategy="steps", save_steps=1)
+    adaptive = dict(use_adaptive_entropy=True, entropy_coef=0.0, entropy_coef_delta=0.5, entropy_coef_max=0.8,
+                    entropy_target=1e9)
+    runs = {}
+    for name, extra in (("adaptive", adaptive), ("without", {})):
+        trainer = TarpoTrainer(model_dir, codes, args=config(tmp_path / name, **common, **extra),
+                               train_dataset=standard())
+        trainer.train()
+        runs[name] = trainer
+    logs = [h for h in runs["adaptive"].state.log_history if "loss" in h]
+    assert [h["entropy_coef"] for h in logs] == [0.5, 0.8, 0.8]
+    run = {name: str(tmp_path / name / "run") for name in runs}
+    one = {name: adapter_at(os.path.join(run[name], "checkpoint-1")) for name in runs}
+    two = {name: adapter_at(os.path.join(run[name], "checkpoint-2")) for name in runs}
+    for n in one["without"]:  # tolerance: the same kernels; the entropy's extra outputs may reorder nothing else
+        torch.testing.assert_close(one["adaptive"][n], one["without"][n], rtol=0, atol=1e-6)
+    assert max((two["adaptive"][n] - two["without"][n]).abs().max().item() for n in two["without"]) > 1e-4
+    with open(os.path.join(run["adaptive"], "checkpoint-2", "entropy_ctrl_state.json")) as f:
+        assert json.load(f)["entropy_coef"] == 0.8
+    resumed = TarpoTrainer(model_dir, codes, args=config(tmp_path / "adaptive", **common, **adaptive),
+                           train_dataset=standard())
+    shutil.rmtree(os.path.join(run["adaptive"], "checkpoint-3"))
+    resumed.train(resume_from_checkpoint=os.path.join(run["adaptive"], "checkpoint-2"))
+    assert [h for h in resumed.state.log_history if "loss" in h][-1]["entropy_coef"] == 0.8
+    end = trained_end(runs["adaptive"])
+    for n, p in trained_end(resumed).items():  # tolerance: a resumed step replays the same kernels and RNG state
+        torch.testing.assert_close(p, end[n], rtol=0, atol=1e-6)
+
+
+def test_a_resume_outside_trls_optimizer_loader_reads_the_adaptive_entropy_state(tmp_path):
+    """CPU processes under DDP load the optimizer with their own loader (tarpo/training/resume.py), which TRL's
+    reading of ``entropy_ctrl_state.json`` does not run beside: the trainer reads it itself."""
+    from types import SimpleNamespace
+    from tarpo.training.trainer_entropy import TrainerEntropy
+    (tmp_path / "entropy_ctrl_state.json").write_text(json.dumps({"entropy_coef": 0.3, "last_world_entropy": 1.5}))
+    trainer = SimpleNamespace(use_adaptive_entropy=True, entropy_coef=0.0, _last_world_entropy=float("inf"))
+    TrainerEntropy._restore_entropy_control(trainer, str(tmp_path))
+    assert (trainer.entropy_coef, trainer._last_world_entropy) == (0.3, 1.5)
+
+
+def test_pad_to_multiple_of_sets_the_training_forwards_lengths_and_changes_no_score(model_dir, tmp_path):
+    """TRL's ``pad_to_multiple_of``: the training forward runs prompt + completion lengths that are multiples of it
+    (prompt padded on the left, steps on the right), and one SGD step ends where the unpadded run does (the padding is
+    masked)."""
+    ends, lengths = {}, {}
+    for multiple in (None, 16):
+        args = config(tmp_path / str(multiple), pad_to_multiple_of=multiple, max_steps=1, optim="sgd",
+                      learning_rate=0.1, lr_scheduler_type="constant", warmup_steps=0)
+        trainer = TarpoTrainer(model_dir, codes, args=args, train_dataset=standard())
+        seen = lengths[multiple] = []
+        decoder = trainer.model.get_base_model().get_decoder()
+        decoder.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["inputs_embeds"].shape[1])
+                                          if torch.is_grad_enabled() else None, with_kwargs=True)
+        trainer.train()
+        ends[multiple] = trained_end(trainer)
+    assert lengths[16] and all(n % 16 == 0 for n in lengths[16]) and any(n % 16 for n in lengths[None]), lengths
+    for n, p in ends[16].items():  # tolerance: other matmul shapes, the same masked sums
+        torch.testing.assert_close(p, ends[None][n], rtol=0, atol=1e-5)
+
+
+def test_cast_lm_head_to_fp32_computes_the_logits_in_fp32_in_rollout_and_training(model_dir, tmp_path):
+    """TRL's ``cast_lm_head_to_fp32`` over bf16 weights: the head is fp32 and its logits are fp32 arithmetic inside
+    the run's bf16 autocast (a bf16 matmul would be about 1e-2 off), which the rollout and the training forward both
+    use (tarpo/engine/backbone.py); a model whose head is tied to its embedding is refused before it loads."""
+    from transformers import AutoModelForCausalLM
+    from tarpo.engine.precision import mixed_precision
+    from tarpo.models.backends import make_backbone
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    args = config(tmp_path, cast_lm_head_to_fp32=True, bf16=True, use_cpu=True, max_steps=1)
+    trainer = TarpoTrainer(model, codes, args=args, train_dataset=standard())
+    backbone = make_backbone(trainer.model)
+    assert backbone.lm_head.weight.dtype == torch.float32 and backbone.embed_weight.dtype == torch.bfloat16
+    hidden = torch.randn(5, backbone.config.hidden_size, generator=torch.Generator().manual_seed(0)).bfloat16()
+    with mixed_precision(backbone):
+        logits = backbone.logits(hidden)
+    exact = hidden.double() @ backbone.lm_head.weight.double().T
+    assert logits.dtype == torch.float32 and (logits.double() - exact).abs().max() < 1e-5
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert log["logp_drift_max"] < 0.1  # rollout and training forward agree (both fp32 logits over bf16 bodies)
+    tied = tmp_path / "tied"
+    tok = char_tokenizer()
+    tiny_causal_lm(tok, "qwen2", seed=0, tie_word_embeddings=True).save_pretrained(tied)
+    tok.save_pretrained(tied)
+    refused = r"^TarpoConfig\.cast_lm_head_to_fp32=True: the model ties its head"
+    with pytest.raises(ValueError, match=refused):
+        TarpoTrainer(str(tied), codes, args=config(tmp_path / "t", cast_lm_head_to_fp32=True),
+                     train_dataset=standard())
 
 
 def test_what_a_reward_function_logs_through_trl_reaches_the_log(model_dir, tmp_path):

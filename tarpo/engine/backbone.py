@@ -49,7 +49,12 @@ class Backbone:
         return self.model.disable_adapter()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        """The head's logits; an fp32 head (TRL's ``cast_lm_head_to_fp32`` over 16-bit weights) computes them in fp32,
+        outside the run's autocast, in the rollout and the training forward alike."""
+        if self.lm_head.weight.dtype != torch.float32:
+            return self.lm_head(hidden)
+        with torch.autocast(hidden.device.type, enabled=False):
+            return self.lm_head(hidden.float())
 
     def decoding(self):
         """Context for a decode loop (a backend may switch modes, see tarpo.models.backends.UnslothBackbone)."""

@@ -69,6 +69,35 @@ def new_records(batch: int, steps: int, k: int, soft_input_dim: int, pad_token_i
     )
 
 
+def padded(rollout: Rollout, multiple: int | None, pad_token_id: int) -> Rollout:
+    """``rollout`` with its prompt padded on the left and its steps on the right to multiples of ``multiple`` (TRL's
+    ``pad_to_multiple_of``; None: as it is), as a prompt's padding and a step that never ran leave them (pad tokens,
+    False, 0: :func:`new_records`). The training forward then runs those lengths; masked, they change no score.
+
+    >>> r = padded(Rollout(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool),
+    ...     *(torch.ones(1, 5, dtype=d) for d in (torch.long, torch.bool, torch.bool, torch.bool)),
+    ...     torch.zeros(1, 5, 2, dtype=torch.long), torch.zeros(1, 5, 2), *(torch.zeros(1, 5) for _ in range(3)),
+    ...     torch.zeros(1, 5, 0), torch.ones(1, dtype=torch.bool)), 4, pad_token_id=9)
+    >>> r.prompt_ids.tolist(), r.prompt_mask.tolist(), r.token_ids.tolist(), r.soft_ids.shape
+    ([[9, 1, 1, 1]], [[False, True, True, True]], [[1, 1, 1, 1, 1, 9, 9, 9]], torch.Size([1, 8, 2]))
+    """
+    if not multiple:
+        return rollout
+    P, T = rollout.prompt_ids.shape[1], rollout.token_ids.shape[1]
+    left, right = -P % multiple, -T % multiple
+    out = {}
+    for f in fields(Rollout):
+        value = getattr(rollout, f.name)
+        if f.name in ("prompt_ids", "prompt_mask"):
+            fill = pad_token_id if f.name == "prompt_ids" else 0
+            value = torch.cat([value.new_full((value.shape[0], left), fill), value], 1)
+        elif value.dim() >= 2:  # [B, T, ...]: the steps
+            fill = pad_token_id if f.name == "token_ids" else 0
+            value = torch.cat([value, value.new_full((value.shape[0], right, *value.shape[2:]), fill)], 1)
+        out[f.name] = value
+    return Rollout(**out)
+
+
 def steps_that_ran(completion_mask: torch.Tensor) -> int:
     """The steps up to the last one some row ran (at least 1): where an engine that kept stepping
     for finished rows (fixed batch, lockstep) cuts its records."""

@@ -46,6 +46,7 @@ class LossSettings:
     delta: float | None = None             # two-sided clipping: the unclipped ratio capped at delta too
     vespo: tuple = (2.0, 3.0, 3.0, 2.0)    # loss_type vespo: k_pos, lambda_pos, k_neg, lambda_neg
     entropy_coef: float = 0.0              # entropy bonus: loss - coef * mean entropy of the token distribution
+    adaptive_entropy: bool = False         # the bonus's entropy measured at every coefficient (use_adaptive_entropy)
     bias_correction_kl: bool = False       # the KL terms weighted by the importance ratio (use_bias_correction_kl)
     off_policy_mask_threshold: float | None = None  # rows with A < 0 whose mean KL(rollout || now) is above: dropped
 
@@ -70,7 +71,8 @@ class LossSettings:
                    is_clip_min=args.is_clip_min, is_clip_max=args.is_clip_max, off_policy=args.off_policy,
                    mask_truncated_completions=args.mask_truncated_completions, delta=args.delta,
                    vespo=(args.vespo_k_pos, args.vespo_lambda_pos, args.vespo_k_neg, args.vespo_lambda_neg),
-                   entropy_coef=args.entropy_coef, bias_correction_kl=args.use_bias_correction_kl,
+                   entropy_coef=args.entropy_coef, adaptive_entropy=args.use_adaptive_entropy,
+                   bias_correction_kl=args.use_bias_correction_kl,
                    off_policy_mask_threshold=args.off_policy_mask_threshold)
 
 
@@ -136,7 +138,8 @@ def tarpo_loss(settings: LossSettings, scores, batch: LossBatch) -> tuple[torch.
 
     TRL's options, as TRL computes them for its token term, here for the router term too: ``batch.rows_kept`` (the
     off-policy sequence mask) multiplies both policy-gradient terms; ``bias_correction_kl`` weights the token KL by
-    pi's ratio, the action KL by rho's; ``entropy_coef`` subtracts ``coef`` x the mean entropy over the loss's steps.
+    pi's ratio, the action KL by rho's; ``entropy_coef`` subtracts ``coef`` x the mean entropy over the loss's steps
+(``adaptive_entropy``: the coefficient of this micro-batch, the entropy measured even at 0).
     """
     b, variant = batch, settings.variant
     mask, advantages = b.completion_mask, b.advantages
@@ -176,9 +179,12 @@ def tarpo_loss(settings: LossSettings, scores, batch: LossBatch) -> tuple[torch.
     l_kl = kl_tok_sum + settings.alpha * kl_act_sum
     loss = l_tok + settings.lambda_act * l_act + settings.beta * l_kl
     terms = {"loss_tok": l_tok, "loss_act": l_act, "loss_kl": l_kl, "kl_tok": kl_tok_sum, "kl_act": kl_act_sum}
-    if settings.entropy_coef:  # TRL's bonus and logs: loss = policy_loss - coef * entropy (with its gradient)
+    if settings.entropy_coef or settings.adaptive_entropy:  # TRL's bonus: loss = policy_loss - coef * entropy
         steps = mask if b.entropy_mask is None else mask & b.entropy_mask.bool()
-        terms["entropy_bonus"] = (scores.entropy * steps).sum() / steps.sum().clamp(min=1)
+        terms["entropy_bonus"] = (scores.entropy * steps).sum() / steps.sum().clamp(min=1)  # with its gradient
+        if settings.adaptive_entropy:  # the controller's window is a mean over steps (tarpo.training.trainer_entropy)
+            terms["entropy_steps"] = steps.sum()
+    if settings.entropy_coef:
         terms["policy_loss"], terms["entropy_coef"] = loss, loss.new_tensor(settings.entropy_coef)
         loss = loss - settings.entropy_coef * terms["entropy_bonus"]
     return loss, {k: v.detach() for k, v in terms.items()}

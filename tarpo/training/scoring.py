@@ -144,7 +144,8 @@ class ScoreSettings:
     def of(cls, args) -> "ScoreSettings":
         return cls(temperature=args.temperature, chunk_size=args.logprob_chunk_size,
                    use_router=args.rule.router, with_reference=args.beta != 0.0, token_kl=args.token_kl,
-                   with_entropy=args.top_entropy_quantile < 1.0 or args.entropy_coef != 0.0)
+                   with_entropy=args.top_entropy_quantile < 1.0 or args.entropy_coef != 0.0
+                   or args.use_adaptive_entropy)
 
 
 def score_rollout(backbone: Backbone, router, ref_router, rollout, settings: ScoreSettings,

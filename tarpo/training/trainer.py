@@ -18,6 +18,7 @@ gradient-accumulation steps, logging, PEFT set-up, checkpointing and resuming. W
   each checkpoint written whole, a resume from the newest complete one (:class:`TrainerCheckpoints`, its own module
   :mod:`tarpo.training.trainer_checkpoints`); ``save_on_signals`` stop a run with a checkpoint
   (:mod:`tarpo.training.preemption`).
+- ``use_adaptive_entropy``: TRL's controller of ``entropy_coef``, on TRL's attributes (:class:`TrainerEntropy`).
 
 The router (and a soft input with parameters, HRPO's gate) are submodules of the PEFT model's base model, so the
 Trainer zeroes, clips and (under DDP) synchronises their gradients with the LoRA ones; the router trains only under
@@ -43,7 +44,7 @@ from ..engine.decode_weights import weights_held
 from ..engine.engine_choice import EngineChooser, decoder_layers
 from ..engine.soft_input import soft_input_class
 from ..engine.precision import mixed_precision
-from ..engine.records import ROLLOUT_FIELDS
+from ..engine.records import ROLLOUT_FIELDS, padded
 from ..engine.rollout import Policy, Rollout, RolloutSpec, hybrid_generate
 from ..engine.router import Router
 from ..engine.tagging import token_text_fn
@@ -56,6 +57,7 @@ from . import metrics, sharding, trl_contract
 from .callbacks import StepResources, SyncReferences
 from .decode_level import RunDecodeLevel
 from .trainer_checkpoints import TrainerCheckpoints
+from .trainer_entropy import TrainerEntropy
 from .trainer_logs import TrainerLogs
 from .grad_checkpointing import checkpointing_paused
 from .distributed import all_values, forward_through, rollout_seed, same_on_every_rank
@@ -70,7 +72,7 @@ from .scoring import StepScores, ScoreSettings, score_rollout
 logger = logging.getLogger(__name__)
 GRPOTrainer = pristine_grpo_trainer()  # TRL's own class, never Unsloth's rewrite of it (tarpo.patches.trl_guard)
 
-class TarpoTrainer(TrainerCheckpoints, TrainerLogs, GRPOTrainer):
+class TarpoTrainer(TrainerCheckpoints, TrainerLogs, TrainerEntropy, GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: TarpoConfig | None = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
                  optimizers=(None, None), quantization_config=None, peft_config: LoraConfig | None = None,
@@ -84,6 +86,7 @@ class TarpoTrainer(TrainerCheckpoints, TrainerLogs, GRPOTrainer):
         trl_contract.refuse_unserved(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
         trl_contract.check_dataset(train_dataset)
         trl_contract.refuse_quantized(model, quantization_config, args)
+        trl_contract.refuse_tied_fp32_head(model, args)
         if peft_config is None and args.use_peft and (isinstance(model, str) or not is_peft_model(model)):
             peft_config = lora_config(args)  # the paper's LoRA (TarpoConfig.lora_*); use_peft=False: full fine-tuning
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
@@ -230,7 +233,8 @@ class TarpoTrainer(TrainerCheckpoints, TrainerLogs, GRPOTrainer):
                       (self.accelerator.process_index + 1) * len(prompts))
 
         self._report(mode, rollout, rewards, rewards_per_func, n_trunc, (prompts, completions, advantages))
-        out = {key: getattr(rollout, key) for key in ROLLOUT_FIELDS}
+        training = padded(rollout, self.args.pad_to_multiple_of, self.processing_class.pad_token_id)  # TRL's lengths
+        out = {key: getattr(training, key) for key in ROLLOUT_FIELDS}
         out["advantages"] = advantages[local]
         # loss_type="dapo": the units of the whole generation batch (every process), per process and optimizer step;
         # an evaluation batch is neither split across steps nor accumulated (TRL's normalizer)
@@ -252,10 +256,12 @@ class TarpoTrainer(TrainerCheckpoints, TrainerLogs, GRPOTrainer):
         # through the module accelerate wrapped, so that DDP all-reduces the gradients (tarpo.training.distributed)
         scores = StepScores(**forward_through(model, self.accelerator.unwrap_model(model),
                                               lambda: self._scores(model, rollout)))
-        loss, terms = rollout_loss(self.loss_settings, scores, rollout, inputs["advantages"], inputs["num_units"][0],
+        settings = self._loss_settings_now()  # the adaptive entropy coefficient of this micro-batch (TrainerEntropy)
+        loss, terms = rollout_loss(settings, scores, rollout, inputs["advantages"], inputs["num_units"][0],
                                    gather=lambda values: all_values(self.accelerator, values))
-        terms.update(metrics.loss_type_metrics(self.loss_settings, scores.logp_tok, rollout, inputs["advantages"]))
+        terms.update(metrics.loss_type_metrics(settings, scores.logp_tok, rollout, inputs["advantages"]))
         mode = "train" if self.model.training else "eval"
+        self._observe_entropy(terms, mode)
         # the accumulation steps a training step sums (TRL's scaling; an evaluation accumulates nothing)
         accumulated = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if mode == "train":  # an evaluation's loss never decides a training step

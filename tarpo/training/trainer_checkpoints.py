@@ -89,7 +89,9 @@ class TrainerCheckpoints:
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None or not resume.load_optimizer_on_cpu(self, checkpoint):
-            super()._load_optimizer_and_scheduler(checkpoint)
+            super()._load_optimizer_and_scheduler(checkpoint)  # TRL's reads the adaptive entropy state too
+        else:  # ... which the CPU processes' loader does not
+            self._restore_entropy_control(checkpoint)
 
     def _resume_point(self, resume_from_checkpoint):
         return resume.resume_point(resume_from_checkpoint, self.args.output_dir, logger.warning)

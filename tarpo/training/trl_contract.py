@@ -52,6 +52,23 @@ def refuse_quantized(model, quantization_config, args) -> None:
                          "rolls out over them: give the 16-bit model (docs/gpu-path.md, \"Quantized models\")")
 
 
+def refuse_tied_fp32_head(model, args) -> None:
+    """``cast_lm_head_to_fp32`` on a model whose head is its input embedding (``tie_word_embeddings``) is refused
+    before the weights load, as TRL's help supports it only untied: the cast would make the embedding fp32 too,
+    which the rollout and the training forward read as the run's compute dtype (the autocast, the soft mixtures)."""
+    if not args.cast_lm_head_to_fp32:
+        return
+    if isinstance(model, str):
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(model, trust_remote_code=args.trust_remote_code)
+    else:
+        config = model.config
+    if getattr(config.get_text_config(), "tie_word_embeddings", False):
+        raise ValueError("TarpoConfig.cast_lm_head_to_fp32=True: the model ties its head to its input embedding "
+                         "(tie_word_embeddings); TRL supports the cast only untied, and here it would make the "
+                         "embedding, which the rollout reads as the compute dtype, fp32 too: set it False")
+
+
 def is_streaming(dataset) -> bool:
     """A ``datasets.IterableDataset`` (no length: TRL trains it for ``max_steps``)."""
     import datasets
