@@ -2,7 +2,7 @@
 (``<hub_id>/config.json``), as the keywords of its transformers config, ``model_type`` included.
 
 One table, read by the launchers' model presets (:data:`tarpo.runs.presets.MODELS`, whose memory
-:mod:`tarpo.runs.memory_plan` plans before any weight loads) and by the random models of a real shape
+:mod:`tarpo.engine.memory_plan` plans before any weight loads) and by the random models of a real shape
 (:data:`tarpo.models.tiny.QWEN25_15B`, :data:`tarpo.models.tiny.QWEN25_3B`) of the GPU checks and benchmarks.
 
     >>> ARCHITECTURES["qwen2.5-3b"]["num_hidden_layers"], ARCHITECTURES["llama3.1-8b"]["model_type"]

@@ -17,7 +17,7 @@ ENGINES = ("auto", "eager", "compiled")  # rollout engines (tarpo.engine.rollout
 # without a plan the free memory's; the levels after "auto" from the most copies to none
 DECODE_MERGES = ("auto", "all", "attention", "none")
 # the blocks each level merges into copies where they carry LoRA: the engine's build (tarpo.engine.decoder_tensors)
-# and the memory plan's count of its copies (tarpo.runs.memory_plan.decode_copy_elements) read it here
+# and the memory plan's count of its copies (tarpo.engine.memory_plan.decode_copy_elements) read it here
 MERGED_BLOCKS = {"all": ("attention", "mlp"), "attention": ("attention",), "none": ()}
 
 

@@ -1,6 +1,6 @@
-"""The compiled engine's decode weights (tarpo.engine.decode_weights; issue 64 item 6): copies only of what carries
-LoRA, ``auto`` chosen from the free memory where no plan chose it (kept for the model), built once per evaluation,
-a quantized model refused at construction, and the bf16 drift of the merged decode bounded."""
+"""The compiled engine's decode weights (tarpo.engine.decode_weights): copies only of what carries LoRA, ``auto``
+chosen by the plan's estimate against the free memory where no plan chose it (kept for the model), built once per
+evaluation, a quantized model refused at construction, and the bf16 drift of the merged decode bounded."""
 import json
 
 import pytest
@@ -10,12 +10,12 @@ from peft import LoraConfig, get_peft_model
 from helpers import encode_prompts, policy_of, recorded_builds
 from tarpo.config import TarpoConfig, default
 from tarpo.engine import decode_weights, decoder_tensors, functional_decoder
-from tarpo.engine.backbone import Backbone
+from tarpo.engine.backbone import Backbone, unwrap
 from tarpo.engine.precision import mixed_precision
 from tarpo.engine.rollout import RolloutSpec, hybrid_generate
 from tarpo.engine.router import Router
 from tarpo.models.tiny import tiny_causal_lm
-from tarpo.runs import memory_plan
+from tarpo.engine import memory_plan
 from tarpo.training.metrics import logp_drift
 from tarpo.training.scoring import ScoreSettings, score_rollout
 
@@ -69,21 +69,63 @@ def test_a_block_without_lora_is_not_copied(tokenizer):
             assert sizes[0] > sizes[1] > sizes[2] == 0  # exact: byte counts (ints)
 
 
+def planned_transient(model, tokenizer, spec):
+    """The plan's transients of the rollout :func:`rollout` runs (its prompt length read off the encoded prompts)."""
+    P = encode_prompts(tokenizer, ["what is 2+3?", "hi"]).input_ids.shape[1]
+    run = memory_plan.Run(rows=spec.batch_size, prompt=P, completion=spec.max_new_tokens, soft_top_k=spec.soft_top_k,
+                          weight_bytes=4)
+    return memory_plan.rollout_transient_bytes(unwrap(model).config, run), P
+
+
 @pytest.mark.parametrize("free,level", [(10 ** 12, "all"), ("attention", "attention"), (0, "none")])
 def test_auto_without_a_plan_takes_the_level_the_free_memory_allows(tokenizer, monkeypatch, free, level):
-    """A compiled rollout at "auto" (a TarpoTrainer user's: no memory plan) decodes at the first level whose copies
-    and KV cache fit in 80% of the free memory, chosen at the model's first rollout and kept after it."""
+    """A compiled rollout at "auto" (a TarpoTrainer user's: no memory plan) decodes at the first level whose copies,
+    KV cache and the plan's transients fit in the free memory less the plan's margin, chosen at the model's first
+    rollout and kept after it."""
     model = lora_model(tokenizer, ALL_LINEAR)
-    if free == "attention":  # room for the attention's copies and the cache, not for the MLP's
-        cache = functional_decoder.cache_bytes(model, 2, 128)
-        free = (decoder_tensors.merged_bytes(model, "attention") + cache) / decode_weights.FREE_SHARE + 1
+    spec = RolloutSpec(max_new_tokens=4, routing="learned", engine="compiled", batch_size=2, max_prompt_length=60)
+    if free == "attention":  # room for the attention's copies, the cache and the transients, not for the MLP's
+        transient, P = planned_transient(model, tokenizer, spec)
+        cache = functional_decoder.cache_bytes(model, 2, functional_decoder.cache_length(P, 4, 60))
+        need = decoder_tensors.merged_bytes(model, "attention") + cache + transient
+        free = need / (1 - memory_plan.MARGIN) + 1
+        assert decoder_tensors.merged_bytes(model, "all") + cache + transient > (1 - memory_plan.MARGIN) * free
     monkeypatch.setattr(decode_weights, "free_bytes", lambda device: free)
     built = recorded_builds(monkeypatch)
-    spec = RolloutSpec(max_new_tokens=4, routing="learned", engine="compiled", batch_size=2, max_prompt_length=60)
     rollout(model, tokenizer, spec)
     monkeypatch.setattr(decode_weights, "free_bytes", lambda device: 10 ** 12 if level != "all" else 0)
     rollout(model, tokenizer, spec)  # the free memory changed: the level (and the compiled graph) did not
     assert built == [level, level]
+
+
+def test_auto_counts_the_rollouts_transients_not_only_the_copies_and_the_cache(tokenizer, monkeypatch):
+    """Free memory that holds the copies and the KV cache with a fifth to spare (the rule before: 80% of the free
+    memory for them), but not the prefill's or a decode step's temporaries and the records the memory plan
+    counts: "auto" takes a level with fewer copies, not "all"."""
+    model = lora_model(tokenizer, ALL_LINEAR)
+    spec = RolloutSpec(max_new_tokens=4, routing="learned", engine="compiled", batch_size=2, max_prompt_length=60)
+    transient, P = planned_transient(model, tokenizer, spec)
+    cache = functional_decoder.cache_bytes(model, 2, functional_decoder.cache_length(P, 4, 60))
+    copies = decoder_tensors.merged_bytes(model, "all")
+    free = (copies + cache) / 0.8 + 1
+    assert copies + cache + transient > (1 - memory_plan.MARGIN) * free  # the transients do not fit beside them
+    monkeypatch.setattr(decode_weights, "free_bytes", lambda device: free)
+    built = recorded_builds(monkeypatch)
+    rollout(model, tokenizer, spec)
+    assert built != ["all"] and len(built) == 1
+
+
+def test_processes_sharing_a_gpu_each_count_their_share_of_its_free_memory(monkeypatch):
+    """CUDA's free memory is the device's: two processes on one GPU (LOCAL_WORLD_SIZE 2, one device) each count half
+    of it, not all of it."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * 2 ** 30, 80 * 2 ** 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert decode_weights.free_bytes(torch.device("cuda", 0)) == 5 * 2 ** 30
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert decode_weights.free_bytes(torch.device("cuda", 0)) == 10 * 2 ** 30
 
 
 def test_an_evaluation_builds_the_weights_once_and_training_every_rollout(tokenizer, monkeypatch):

@@ -72,7 +72,7 @@ def test_dry_run_math_is_the_paper_configuration_for_qwen_3b_and_7b():
     t = seven["trainer"]
     assert {k: t[k] for k in PAPER_MATH if k != "per_device_train_batch_size"} == {
         k: v for k, v in PAPER_MATH.items() if k != "per_device_train_batch_size"}
-    # the step's 64 completions, trained in micro-batches that fit an 80 GB GPU (tarpo.runs.memory_plan)
+    # the step's 64 completions, trained in micro-batches that fit an 80 GB GPU (tarpo.engine.memory_plan)
     assert t["per_device_train_batch_size"] * t["gradient_accumulation_steps"] == 64
     assert seven["memory_plan"]["micro_batch"] == t["per_device_train_batch_size"] < 64
 

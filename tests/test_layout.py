@@ -467,7 +467,7 @@ def test_the_three_launchers_share_one_body_that_lists_every_variable():
 # ---- one owner per rule (issue 36): each rule is written once, in the module named here, and read everywhere else
 OWNERS = {  # a name defined (a function, class or method, or assigned at a module's top level) -> its one module
     "engine_for": "tarpo/engine/engine_choice.py", "check_engine": "tarpo/engine/engine_choice.py",
-    "cache_length": "tarpo/engine/static_decode.py", "CACHE_BUCKET": "tarpo/engine/static_decode.py",
+    "cache_length": "tarpo/engine/functional_decoder.py", "CACHE_BUCKET": "tarpo/engine/functional_decoder.py",
     # the soft inputs' modules: the interface's default, and the variants' own answers
     "full_mixture": ("tarpo/engine/hrpo_gate.py", "tarpo/engine/soft_input.py", "tarpo/engine/soft_input_base.py"),
     "SAMPLES": "tarpo/algorithms.py",

@@ -1,4 +1,4 @@
-"""The memory plan (tarpo.runs.memory_plan, docs/memory-plan.md): exact parameter counts, the formula against
+"""The memory plan (tarpo.engine.memory_plan, docs/memory-plan.md): exact parameter counts, the formula against
 live-storage peaks measured on this project's own rollout and training code, the launcher's micro-batch."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from tarpo.runs import memory_plan as mp
+from tarpo.engine import memory_plan as mp
 from tarpo.engine.backbone import Backbone
 from tarpo.engine.precision import mixed_precision
 from tarpo.runs.presets import DATASETS, MODELS

@@ -28,6 +28,26 @@ from .backbone import unwrap
 from .decoder_tensors import DecoderWeights, Group, Layer, Projection, head_dim_of
 from .grouped_attention import grouped_query_sdpa
 
+CACHE_BUCKET = 64  # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
+
+
+def cache_length(prompt_len: int, new_tokens: int, prompt_budget: int | None = None) -> int:
+    """Positions of the rollout's cache: the prompt budget (else this prompt) + new tokens, rounded
+    up to a multiple of :data:`CACHE_BUCKET`.
+
+        >>> cache_length(37, 100), cache_length(37, 100, prompt_budget=1024)
+        (192, 1152)
+    """
+    return -(-(max(prompt_len, prompt_budget or 0) + new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
+
+
+def known_span(span, cache) -> None:
+    """What is known of a decode step's span of cache positions when its size is unbacked (a compiled step's,
+    :class:`tarpo.engine.step_replay.SpanSteps`): at least one bucket, at most the cache, so that the trace needs no
+    guard on it."""
+    torch._check(span >= CACHE_BUCKET)
+    torch._check(span <= cache[0][0].shape[2])
+
 
 def cache_bytes(model, batch: int, length: int) -> int:
     """Bytes of :func:`new_cache` of ``model`` (keys and values of every layer in the compute dtype)."""

@@ -17,8 +17,8 @@ and, on CUDA, replayed as one captured CUDA graph::
   graph runtime reuses between calls cannot corrupt the trajectory (tests poison them).
 - **One shape per run.** The cache holds ``L`` positions, ``L`` = the run's prompt budget
   (``RolloutSpec.max_prompt_length``, else this batch's prompt length) + new tokens, rounded up
-  to a multiple of :data:`CACHE_BUCKET`; the batch is padded to ``RolloutSpec.batch_size``
-  with rows that never run. So training compiles one graph, and evaluation one per task.
+  to a multiple of 64 (:func:`tarpo.engine.functional_decoder.cache_length`); the batch is padded to
+  ``RolloutSpec.batch_size`` with rows that never run. So training compiles one graph, and evaluation one per task.
   The prompt is prefilled eagerly once (each distinct prompt of the batch once); the attention mask is the
   prompt's mask followed by ones: causality hides positions not yet written.
 - **Over the positions written, as CUDA graphs** (:mod:`tarpo.engine.step_replay`): a step attends over
@@ -47,12 +47,12 @@ import os
 
 import torch
 
-from . import decode_weights, functional_decoder, step_replay
+from . import decode_weights, functional_decoder, memory_plan, step_replay
+from .functional_decoder import cache_length
 from .backbone import distinct_prompts, positions_from_mask
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .step import DecodeContext, hybrid_step, new_state
 
-CACHE_BUCKET = 64      # cache lengths are rounded up to a multiple of this (docs/rollout-engines.md)
 RECOMPILE_LIMIT = 64   # graphs of decode_step before dynamo fails (its default, 8, then runs eagerly)
 # Each decoder layer a nested compile region (compiled once for all layers: functional_decoder._layer_region), by
 # device, under inductor (compiled_step). On the CPU, where inductor's C++ build of every layer made a 30-layer
@@ -90,9 +90,7 @@ def decode_step(ctx: DecodeContext, weights, buf, rec, cache, mask, regional: bo
     for name, value in out.records.items():
         rec[name].index_copy_(1, index, value.unsqueeze(1))
     slot, span = buf["slot"], mask.shape[1]
-    # the span's size is unbacked (step_replay.SpanSteps): what is known of it, so that the trace needs no guard on it
-    torch._check(span >= CACHE_BUCKET)
-    torch._check(span <= cache[0][0].shape[2])
+    functional_decoder.known_span(span, cache)  # unbacked (step_replay.SpanSteps): its bounds, for the trace
     hidden = functional_decoder.forward(weights, out.inputs[:, None], buf["pos"][:, None], cache, slot.view(1),
                                         functional_decoder.decode_mask(mask, slot), span, regional)
     for name, value in out.state.items():
@@ -186,16 +184,6 @@ class DecodeBuffers:
                         keys=torch.zeros(B, dtype=torch.long, **z), **new_state(B, device))
 
 
-def cache_length(prompt_len: int, new_tokens: int, prompt_budget: int | None = None) -> int:
-    """Positions of the rollout's cache: the prompt budget (else this prompt) + new tokens, rounded
-    up to a multiple of :data:`CACHE_BUCKET`.
-
-        >>> cache_length(37, 100), cache_length(37, 100, prompt_budget=1024)
-        (192, 1152)
-    """
-    return -(-(max(prompt_len, prompt_budget or 0) + new_tokens) // CACHE_BUCKET) * CACHE_BUCKET
-
-
 def check_fits(spec, prompt_ids) -> int:
     """The batch the engine decodes (``spec.batch_size`` or this one); a prompt or a batch larger
     than the run's shape is refused, naming the setting."""
@@ -241,7 +229,9 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     T, E = spec.max_new_tokens, backbone.embed_weight
     # the model's own tensors, whichever backend, and the copies the rollout decodes with (the LoRA merged in)
     length = cache_length(P, T, spec.max_prompt_length)
-    level = decode_weights.merge_level(backbone.model, spec.decode_merge, B, length, device)
+    run = memory_plan.Run(rows=B, prompt=P, completion=T, soft_top_k=spec.soft_top_k, full_mix=ctx.mixture_width > 0,
+                          weight_bytes=E.element_size())  # what the plan weighs for decode_merge="auto"
+    level = decode_weights.merge_level(backbone.model, spec.decode_merge, run, length, device)
     weights = decode_weights.decoder_weights(backbone.model, level)
     engine = DecodeBuffers(ctx, weights, B, length, device)
     if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs

@@ -47,7 +47,7 @@ DATASETS = {
 }
 
 # ---- docs/algorithm.md §5, per model: router bias b0 and learning rates; ``config``: the architecture as the
-# model's published config.json gives it (tarpo.architectures), for the memory plan (tarpo.runs.memory_plan)
+# model's published config.json gives it (tarpo.architectures), for the memory plan (tarpo.engine.memory_plan)
 MODELS = {
     "qwen2.5-1.5b": dict(hub_id="Qwen/Qwen2.5-1.5B-Instruct", action_bias=[4.6, 0.0], learning_rate=5e-6,
                          router_lr=1e-4, config=ARCHITECTURES["qwen2.5-1.5b"]),

@@ -2,7 +2,7 @@
 
 The launcher (:mod:`tarpo.runs.launch`) validates a ``TarpoConfig`` from the launcher's settings
 (:func:`trainer_arguments`), plans the memory from it, with the optimizer, soft input, backend and engine the run
-will have (:func:`plan_memory`, :mod:`tarpo.runs.memory_plan`, docs/memory-plan.md), and builds the final
+will have (:func:`plan_memory`, :mod:`tarpo.engine.memory_plan`, docs/memory-plan.md), and builds the final
 configuration with the planned micro-batch. An invalid field is reported under the launcher variable that sets it.
 """
 
@@ -18,7 +18,7 @@ from ..config import TarpoConfig
 from ..engine.engine_choice import engine_for
 from ..engine.soft_input import soft_input_class
 from ..models import loading  # its resolve_backend by attribute: a test harness stands in for it
-from . import memory_plan as mp
+from ..engine import memory_plan as mp
 from .launch_config import LaunchConfig
 from .launch_variables import variable_of
 

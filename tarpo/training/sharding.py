@@ -90,7 +90,7 @@ def gathered(model: torch.nn.Module):
     forward hooks off; nothing happens for a model that is not sharded.
 
     Memory: the whole model's weights in their own dtype (bf16 base, fp32 LoRA), as on one process, for
-    the rollout only; the plan counts it (:mod:`tarpo.runs.memory_plan`, ``Run.shards``)."""
+    the rollout only; the plan counts it (:mod:`tarpo.engine.memory_plan`, ``Run.shards``)."""
     found = units(model)
     if not found:
         yield

@@ -91,11 +91,11 @@ class Run:
 
 
 def preset_config(model: str):
-    """The transformers config of a model preset of :mod:`tarpo.runs.presets` (offline)."""
+    """The transformers config of a model preset (:data:`tarpo.architectures.ARCHITECTURES`, offline)."""
     from transformers import AutoConfig
 
-    from .presets import MODELS
-    values = dict(MODELS[model.lower()]["config"])
+    from ..architectures import ARCHITECTURES
+    values = dict(ARCHITECTURES[model.lower()])
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
@@ -123,7 +123,7 @@ def shapes_of(config, lora_targets, lora_r: int) -> Shapes:
     params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
     lora = sum(lora_r * (m.in_features + m.out_features) for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in set(lora_targets))
-    from ..engine.decoder_tensors import head_dim_of
+    from .decoder_tensors import head_dim_of
 
     heads, head_dim = config.num_attention_heads, head_dim_of(config)
     tied = getattr(config, "tie_word_embeddings", False)
@@ -189,8 +189,8 @@ def decode_copy_elements(s: Shapes, merge: str, half: bool) -> int:
 
 def cache_positions(run: Run) -> int:
     """KV positions a rollout row holds: the compiled engine's cache length, rounded up to its bucket
-    (:func:`tarpo.engine.static_decode.cache_length`, the rule's one owner), or the eager engine's exact one."""
-    from ..engine.static_decode import cache_length
+    (:func:`tarpo.engine.functional_decoder.cache_length`, the rule's one owner), or the eager engine's exact one."""
+    from .functional_decoder import cache_length
     return cache_length(run.prompt, run.completion) if run.engine == "compiled" else run.prompt + run.completion
 
 
@@ -241,6 +241,14 @@ def rollout_bytes(s: Shapes, run: Run) -> dict:
     return {**persistent_bytes(s, run, "rollout"), "kv_cache": cache, "decode_weights": copies,
             "prefill|decode": max(prefill, step),
             "records": 3 * records_bytes(s, run)}  # last step's batch, the decode buffers, their cut copy
+
+
+def rollout_transient_bytes(config, run: Run) -> int:
+    """What a compiled rollout allocates beside its weights, decode copies and KV cache: the larger of the prefill's
+    and a decode step's temporaries, and the records (:func:`rollout_bytes`'s ``prefill|decode`` and ``records``),
+    for ``config``'s architecture. :func:`tarpo.engine.decode_weights.merge_level` weighs it at run time."""
+    parts = rollout_bytes(shapes_of(config, (), 0), run)
+    return parts["prefill|decode"] + parts["records"]
 
 
 def train_bytes(s: Shapes, run: Run, micro_batch: int) -> dict:
