@@ -13,7 +13,7 @@ import sys
 import threading
 
 COMMANDS = {"grade": "tarpo.cli.grade", "eval": "tarpo.cli.eval", "table": "tarpo.cli.table", "plot": "tarpo.cli.plot",
-            "case": "tarpo.cli.case"}
+            "case": "tarpo.cli.case", "generate": "tarpo.cli.generate"}
 
 
 def main(argv: list[str] | None = None) -> int:

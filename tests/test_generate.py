@@ -1,0 +1,73 @@
+"""``tarpo generate`` (tarpo/cli/generate.py, tarpo/evaluation/generate.py): completions of a trained TARPO model
+for prompts of one's own, through the hybrid loop, soft steps shown or hidden; bad input refused before loading."""
+
+import json
+
+import datasets
+import pytest
+
+from tarpo.cli import main as cli
+from tarpo.config import TarpoConfig
+from tarpo.evaluation.generate import generate
+from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
+from tarpo.training.trainer import TarpoTrainer
+
+
+@pytest.fixture(scope="module")
+def soft_run(tmp_path_factory):
+    """A tiny model trained one TARPO step with a router that goes soft almost always (b0 = [-4.6, 0]), saved."""
+    root = tmp_path_factory.mktemp("generate")
+    tok = char_tokenizer()
+    tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    args = TarpoConfig(output_dir=str(root / "run"), routing="learned", action_bias=[-4.6, 0.0],
+                       per_device_train_batch_size=4, num_generations=4, max_completion_length=6, max_steps=1,
+                       report_to="none", save_strategy="no", bf16=False, lora_r=4, lora_alpha=8)
+    data = datasets.Dataset.from_list([{"prompt": f"{i} + 1 ="} for i in range(4)])
+    trainer = TarpoTrainer(str(root / "model"), lambda completions, **kw: [0.0, 1.0] * (len(completions) // 2),
+                           args=args, train_dataset=data)
+    trainer.train()
+    trainer.save_model(str(root / "adapter"))
+    return root
+
+
+def run_cli(capsys, root, *flags):
+    status = cli(["generate", "--model", str(root / "model"), "--adapter", str(root / "adapter"),
+                  "--max-new-tokens", "8", *flags])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def test_generate_samples_each_prompt_n_times_with_soft_steps_marked(soft_run, capsys):
+    status, out, _ = run_cli(capsys, soft_run, "--prompt", "1 + 1 =", "--prompt", "2 + 2 =", "--n", "2", "--json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert status == 0 and [(r["prompt"], r["sample"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in rows:
+        assert len(r["actions"]) == r["units"] == r["hard_tokens"] + r["soft_steps"] == len(r["p_soft"])
+        assert r["soft_steps"] == r["actions"].count("s")
+    assert sum(r["soft_steps"] for r in rows) > 0  # the router of b0 [-4.6, 0] goes soft: the mixtures were fed
+    again = run_cli(capsys, soft_run, "--prompt", "1 + 1 =", "--prompt", "2 + 2 =", "--n", "2", "--json")[1]
+    assert again == out  # exact: the same seed, kernels and shapes decide the same samples
+    status, shown, _ = run_cli(capsys, soft_run, "--prompt", "1 + 1 =", "--show-soft")
+    assert status == 0 and shown.startswith("--- prompt 0, sample 0, ") and "soft of" in shown and "⟦" in shown
+
+
+def test_hard_inference_of_the_same_model_has_no_soft_step(soft_run):
+    outs = generate(str(soft_run / "model"), ["1 + 1 =", "3 + 4 ="], adapter=str(soft_run / "adapter"), mode="hard",
+                    n=2, max_new_tokens=8)
+    assert len(outs) == 4 and all(o["soft_steps"] == 0 and "⟦" not in o["marked"] for o in outs)  # exact: counts
+
+
+def test_a_kind_wraps_each_prompt_in_its_chat_prompt_and_bad_input_is_refused_before_loading(soft_run, capsys,
+                                                                                            tmp_path):
+    status, _, err = run_cli(capsys, soft_run)
+    assert status == 2 and "no prompt: give --prompt TEXT or --prompts-file FILE" in err
+    status, _, err = run_cli(capsys, soft_run, "--prompt", "x", "--kind", "poetry")
+    assert status == 2 and "kind 'poetry': not a prompt kind (arith," in err
+    status, _, err = cli(["generate", "--model", str(soft_run / "model"), "--adapter", str(tmp_path), "--prompt",
+                          "x"]), *capsys.readouterr()
+    assert status == 2 and "no adapter_config.json there" in err
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("1 + 1 =\n\n2 + 3 =\n")
+    status, out, _ = run_cli(capsys, soft_run, "--prompts-file", str(prompts), "--kind", "arith", "--json")
+    assert status == 0 and [json.loads(line)["prompt"] for line in out.splitlines()] == [0, 1]
