@@ -9,9 +9,9 @@
 # TarpoConfig field it sets (IMPORTANCE_SAMPLING_LEVEL: IS_LEVEL), a near spelling (difflib ratio >= 0.85:
 # LAMDA), or a name that begins ACTION_, ENTROPY_, EPSILON_, GUMBEL_, HRPO_, LORA_, NOISE_, ROUTER_ or SOFT_
 # (GUMBEL_TAU). Other programs' variables (PATH, CUDA_VISIBLE_DEVICES, WANDB_*, MASTER_PORT, ...) are left
-# alone; `env -u NAME bash run_math.sh` keeps one out of the run. The Python is $PYTHON, else the project's
-# .venv (made by scripts/setup_env.sh), else `python`. With NUM_PROCESSES > 1 or an ACCELERATE_CONFIG,
-# tarpo.runs.launch checks the settings here, then starts training (and EVAL=1's evaluation) through
+# alone; `env -u NAME bash run_math.sh` keeps one out of the run. The Python is $PYTHON, else the active
+# environment's, else the project's .venv (made by scripts/setup_env.sh), else `python`. With NUM_PROCESSES > 1 or
+# an ACCELERATE_CONFIG, tarpo.runs.launch checks the settings here, then starts training (and EVAL=1's evaluation) through
 # `$PYTHON -m accelerate.commands.launch`; DRY_RUN=1 shows the command.
 set -euo pipefail
 set -a
@@ -98,7 +98,18 @@ MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-}  # its port for the process group; empt
 CPU_MAX_HOURS=${CPU_MAX_HOURS:-}     # no CUDA: the run starts after a printed time estimate, refused past this many hours
 set +a
 cd "$(dirname "$0")/.."
-if [ -z "${PYTHON:-}" ]; then
-  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
+# The Python: $PYTHON, else the active environment's (a venv's, then conda's), else the project's .venv, else
+# `python`; the run's first line names it and why (tarpo.runs.launch_environment).
+if [ -n "${PYTHON:-}" ]; then
+  TARPO_PYTHON_FROM="PYTHON"
+elif [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+  PYTHON="$VIRTUAL_ENV/bin/python"; TARPO_PYTHON_FROM="the active environment, $VIRTUAL_ENV"
+elif [ -n "${CONDA_PREFIX:-}" ] && [ -x "$CONDA_PREFIX/bin/python" ]; then
+  PYTHON="$CONDA_PREFIX/bin/python"; TARPO_PYTHON_FROM="the active conda environment, $CONDA_PREFIX"
+elif [ -x .venv/bin/python ]; then
+  PYTHON=.venv/bin/python; TARPO_PYTHON_FROM="the project's .venv: no environment is active"
+else
+  PYTHON=python; TARPO_PYTHON_FROM="python on PATH: no environment is active and there is no .venv"
 fi
+export TARPO_PYTHON_FROM
 exec "$PYTHON" -m tarpo.runs.launch "$1"

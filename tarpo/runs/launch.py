@@ -33,7 +33,7 @@ import shlex
 import sys
 from dataclasses import replace
 
-from . import launcher_values, run_identity
+from . import launch_environment, launcher_values, run_identity
 from .launch_config import LaunchConfig
 from .presets import checked_variables, resolve
 from .processes import (LAUNCHED, accelerate_prefix, check_processes, first_on_machine, process_rank, run_command,
@@ -129,12 +129,17 @@ def configure(dataset: str, main_process: bool, launched: bool):
     its architecture); a bad launcher variable is refused before torch is imported (``ValueError`` naming it)."""
     env = dict(os.environ)
     checked_variables(dataset, env)
-    if main_process and not launched:  # what the run uses, in the launcher's words, before the heavy imports
+    says = main_process and not launched
+    if says:  # what the run runs on and uses, in the launcher's words, before the heavy imports
+        print(launch_environment.python_line(env), flush=True)
         print(launcher_values.table(launcher_values.sources(dataset, env)), flush=True)
     cfg = resolve(dataset, launcher_values.as_set(dataset, env))  # the launcher's paper values: as if unset
     ident = run_identity.identity(cfg)
     run_identity.check(cfg, ident)  # a folder of another run is refused before anything loads
     import torch  # torch, TRL: once every variable is checked
+    from ..models.loading import resolve_backend
+    if says:
+        print(launch_environment.device_line(resolve_backend(cfg.backend)), flush=True)
 
     check_data(cfg)
     from ..models.gguf import gguf_folder, is_gguf
