@@ -1,4 +1,4 @@
-"""The compiled decode step's time at several write positions of one cache (issue 46; docs/rollout-engines.md).
+"""The compiled decode step's time at several write positions of one cache (docs/rollout-engines.md).
 
 A batch of prompts of ``p`` tokens is prefilled into a cache of ``--cache`` positions (2,048: the MATH preset's
 1,024 + 1,024), and the compiled engine (:mod:`tarpo.engine.static_decode`) decodes ``--steps`` tokens from
@@ -90,7 +90,7 @@ class StepClock:
         self.cuda, self.calls, self.runner = cuda, [], step_replay.step_runner
 
     def __enter__(self):
-        def timed_runner(call, *where):  # (mask, device); (device) in the engine before issue 46
+        def timed_runner(call, *where):  # (mask, device); (device) in an engine that attends over the whole cache
             run, self.calls = self.runner(call, *where), []
 
             def step(*span):
@@ -133,9 +133,9 @@ def measure(model, tok, args, cuda: bool) -> dict:
     res = {"positions": {}, "cache": static_decode.cache_length(0, args.steps, spec.max_prompt_length)}
 
     def rollout(p, mode="written", merge=None):
-        if bucket is not None:  # None: the engine before issue 46, which always attends over the whole cache
+        if bucket is not None:  # None: an engine without the written-slot attention: it attends over the whole cache
             step_replay.ATTENTION_BUCKET = bucket if mode == "written" else 10 ** 9  # "full": all slots
-        run_spec = spec if merge is None else replace(spec, decode_merge=merge)  # a tree before issue 55: no merge
+        run_spec = spec if merge is None else replace(spec, decode_merge=merge)  # a tree before decode_merge: no merge
         with StepClock(cuda) as clock, mixed_precision(policy.backbone):  # the trainer's autocast: bf16 LoRA
             if cuda:
                 torch.cuda.synchronize()
@@ -195,7 +195,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="bf16 weights on the CPU too (as on a GPU; fp32 LoRA)")
     ap.add_argument("--merges", default="default",
                     help="decode weights (TarpoConfig.decode_merge), comma-separated and interleaved: all | attention "
-                         "| none; default: the RolloutSpec's (a tree before issue 55 has no such setting)")
+                         "| none; default: the RolloutSpec's (a tree before decode_merge has no such setting)")
     ap.add_argument("--json", help="write the results here (merged under the key --key)")
     ap.add_argument("--key", default="write_positions", help="the results' key in --json")
     args = ap.parse_args()

@@ -1,4 +1,4 @@
-"""The kernels of a compiled graph, counted in inductor's generated code (issue 46: the decode step's launches).
+"""The kernels of a compiled graph, counted in inductor's generated code (here: the decode step's launches).
 
     TORCH_LOGS=output_code python benchmarks/bench_write_positions.py ... 2> code.log
     python benchmarks/count_kernels.py code.log [--json out.json --key NAME]

@@ -1,5 +1,6 @@
-"""The rollout/training mismatch of each decode-weight setting (issue 55; docs/rollout-engines.md, "Measured (issue
-55)"): how far the training forward's log-probabilities of a rollout's tokens are from the rollout's own.
+"""The rollout/training mismatch of each decode-weight setting (docs/rollout-engines.md, the measurements of
+decode weights made for decoding): how far the training forward's log-probabilities of a rollout's tokens are
+from the rollout's own.
 
 One model (a random one of ``--shape``, LoRA r 32 on ``--lora-targets`` with a random ``B``, as a trained
 adapter's), one router (b0 = [2.2, 0]), ``--batch`` left-padded prompts; for each engine setting of ``--settings``
@@ -44,7 +45,8 @@ from tarpo.training.scoring import ScoreSettings, score_rollout  # noqa: E402
 
 class Fp32Head:
     """While active, every backbone's head computes its logits in fp32 (the bf16 hidden state and head weight cast
-    up, autocast off) in the rollout and in the training forward alike: the variant issue 55 asks to measure."""
+    up, autocast off) in the rollout and in the training forward alike: a variant measured beside the decode-weight
+    settings."""
 
     def __enter__(self):
         self.logits = Backbone.logits

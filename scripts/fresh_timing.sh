@@ -5,8 +5,8 @@
 # (.venv and the warm start present, as a user's second run finds them). The last line printed is
 #   suite_s=<seconds of `bash scripts/test.sh`> demo_s=<seconds of `bash run_demo.sh`, set-up included>
 #   demo_again_s=<seconds of the second `bash run_demo.sh`>
-# The demo's table and the suite's summary line come before it. ../shared (the benchmark files some
-# tests read) is linked beside the clone when it is beside this checkout. Arguments go to the demo
+# The demo's table and the suite's summary line come before it. A data folder beside the checkout (the
+# benchmark files some tests read) is linked beside the clone when present. Arguments go to the demo
 # as settings, e.g. `SEED=1 bash scripts/fresh_timing.sh`; KEEP=1 keeps the temporary folder.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)

@@ -112,7 +112,7 @@ def test_a_model_folder_without_a_model_says_so(monkeypatch, tmp_path, capsys, f
 ])
 def test_a_quantized_model_folder_is_refused_before_loading(monkeypatch, tmp_path, capsys, quantization):
     """A pre-quantized checkpoint loads 4-bit whatever the launcher asks, and the rollout handed its packed
-    weights to F.linear (a shape error at the prefill): refused before anything loads (issue 44)."""
+    weights to F.linear (a shape error at the prefill): refused before anything loads."""
     from tarpo.runs import training_run
     folder = tmp_path / "model"
     folder.mkdir()

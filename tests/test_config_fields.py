@@ -36,7 +36,8 @@ OTHER = {
     "neftune_noise_alpha": 5.0, "include_num_input_tokens_seen": "all", "use_liger_kernel": True,
     "torch_compile": True,
 }
-# the fields pinned before issue 57, honoured since (tests/test_trl_contract.py trains with each): the list is shorter
+# the fields pinned until TarpoTrainer took on GRPOTrainer's contract, honoured since (tests/test_trl_contract.py
+# trains with each): the list is shorter
 HONOURED_SINCE = {"multi_objective_aggregation", "use_bias_correction_kl", "delta", "off_policy_mask_threshold",
                   "entropy_coef", "sync_ref_model", "min_p", "generation_kwargs", "chat_template_kwargs",
                   "log_completions", "use_adaptive_entropy", "pad_to_multiple_of",

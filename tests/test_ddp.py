@@ -71,7 +71,7 @@ def test_every_rank_holds_the_reference_router_that_training_starts_from(runs):
     """TRL seeds each rank differently, so each drew its own router; DDP trains rank 0's, and the
     frozen reference (not a parameter DDP broadcasts) must be that router on every rank too."""
     refs = [torch.load(runs.two / f"ref-router-rank{rank}.pt") for rank in (0, 1)]
-    # GRPO has no router, hence no reference router (issue 57)
+    # GRPO has no router, hence no reference router
     assert refs[0].keys() == refs[1].keys() == ({"proj.weight", "proj.bias"} if runs.learned else set())
     # exact: rank 0's router is copied to every rank (same_on_every_rank), never recomputed
     assert all(torch.equal(refs[0][k], refs[1][k]) for k in refs[0]), "the ranks' reference routers differ"

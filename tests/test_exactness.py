@@ -1,4 +1,4 @@
-"""Every exact float comparison in the tests says why it is exact (issue 43).
+"""Every exact float comparison in the tests says why it is exact.
 
 The rule: assert exact float equality only where the same kernels run on the same shapes with the same inputs
 (the same function twice on the same tensors, a save/load round trip, a resume that replays the same ops,

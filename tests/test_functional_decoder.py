@@ -144,7 +144,8 @@ def test_the_decode_weights_set_the_matrix_products_of_a_layer(tokenizer, target
     merged ("all") q|k|v, o, gate|up, down where they carry LoRA (with the paper's targets gate and up stay two
     products of the model's own weights); "attention" merges q|k|v and o only; "none" adds the base products
     of q, k, v, o, gate, up, down and two an adapter (grouped where projections share an input). The generated
-    code keeps these (docs/rollout-engines.md, "Measured (issue 55)": inductor leaves every one to a library mm)."""
+    code keeps these (docs/rollout-engines.md, the measurements of decode weights made for decoding:
+    inductor leaves every one to a library mm)."""
     model = model_of(tokenizer, ("qwen2", False, targets))
     E = model.get_base_model().get_input_embeddings().weight
     ids, mask = torch.randint(5, len(tokenizer), (2, 1)), torch.ones(2, 1, dtype=torch.long)

@@ -93,7 +93,7 @@ def test_each_loss_type_equals_trls_for_hard_routing(loss_type, level, off_polic
         torch.testing.assert_close(a, t)
 
 
-OPTIONS = {  # TRL's loss options (issue 57): each as its GRPOConfig field and our LossSettings field
+OPTIONS = {  # TRL's loss options: each as its GRPOConfig field and our LossSettings field
     "delta": (dict(delta=1.5), dict(delta=1.5)),
     "use_bias_correction_kl": (dict(bias_correction_kl=True), dict(bias_correction_kl=True)),
     "off_policy_mask_threshold": (dict(off_policy_mask_threshold=0.05), dict(off_policy_mask_threshold=0.05)),

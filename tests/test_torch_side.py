@@ -25,8 +25,8 @@ SITE = Path(os.environ.get("TARPO_TORCH_SIDE_SITE", ROOT / ".venv" / f"torch-{SI
 
 # Both architectures, the learned and HRPO routings, one graph reused across prompt lengths, the
 # step's outputs overwritten between calls as CUDA graphs do; each compares the compiled rollout
-# with the eager one. The layer as a nested compile region, the attention span an unbacked size
-# (issue 46). About 2 min of CPU time with cold compile caches (docs/gpu-path.md).
+# with the eager one. The layer as a nested compile region, the attention span an unbacked size.
+# About 2 min of CPU time with cold compile caches (docs/gpu-path.md).
 SUBSET = (
     "tests/test_static_decode.py::test_compiled_step_has_no_graph_break_and_is_reused[qwen2]",
     "tests/test_static_decode.py::test_the_trajectory_survives_a_runtime_that_overwrites_the_steps_outputs"
@@ -94,7 +94,7 @@ def test_setup_py_admits_torch_2_11_to_2_13_with_their_pre_releases_and_requirem
     assert len(torch_req) == 1
     spec = torch_req[0].specifier
     # NVIDIA's images ship pre-release builds of a supported version (2.11.0a0+<commit>.nv<yy.mm>), which
-    # scripts/install_gpu.sh then pins as a constraint: pip must take them (issue 44)
+    # scripts/install_gpu.sh then pins as a constraint: pip must take them
     for ok in ("2.11.0", "2.11.0+cu130", "2.12.1", "2.13.0", "2.13.0+cpu", "2.11.0a0+40ec155e58.nv25.10",
                "2.13.0rc1"):
         assert spec.contains(ok), (ok, spec)

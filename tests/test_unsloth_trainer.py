@@ -166,7 +166,7 @@ def test_unsloths_fused_lora_functions_train_under_the_trainer(runs):
 def test_unsloth_loads_the_model_the_user_named(runs):
     """``MODEL=Qwen/Qwen2.5-3B-Instruct`` reaches transformers as given: Unsloth's name mapper
     (``use_exact_model_name=False``, its default) loaded ``unsloth/Qwen2.5-3B-Instruct`` instead, which an
-    offline cache of the user's model misses and whose config comes from another repository (issue 44)."""
+    offline cache of the user's model misses and whose config comes from another repository."""
     names = runs[0]["names"]
     assert names and set(names) == {"Qwen/Qwen2.5-3B-Instruct"}, names
 

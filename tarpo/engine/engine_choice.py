@@ -7,7 +7,8 @@ to a training run, deciding on the CPU by cost.
 - **CPU**: the compiled step runs a token about ``COMPILED_SPEEDUP`` times faster than the eager
   loop (``benchmarks/bench_rollout.py``), but inductor's C++ build of it costs about
   ``COMPILE_BASE_S + COMPILE_PER_LAYER_S * layers`` seconds with a cold cache (the layer a nested
-  compile region, built once: docs/rollout-engines.md, "Measured (issue 46)"). It is picked only when
+  compile region, built once: docs/rollout-engines.md, the measurements of attention over the written slots,
+  grouped LoRA and regional compile). It is picked only when
   the decode time it would save over the run's remaining decode steps, at the measured eager speed,
   is larger than ``CHOICE_MARGIN`` times that.
 

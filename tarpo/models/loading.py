@@ -91,7 +91,7 @@ def load_unsloth(name_or_path: str, max_seq_length: int, dtype: str = "bfloat16"
     check_versions()
     from unsloth import FastLanguageModel  # after tarpo.training.trainer: see tarpo.patches.trl_guard
     # use_exact_model_name: Unsloth otherwise maps a hub id to its own copy (Qwen/Qwen2.5-3B-Instruct ->
-    # unsloth/Qwen2.5-3B-Instruct), which an offline cache of the user's model misses (issue 44)
+    # unsloth/Qwen2.5-3B-Instruct), which an offline cache of the user's model misses
     model, _ = FastLanguageModel.from_pretrained(model_name=name_or_path, max_seq_length=max_seq_length,
                                                  dtype=DTYPES[dtype], load_in_4bit=False, offload_embedding=False,
                                                  random_state=seed, use_exact_model_name=True)

@@ -1,4 +1,4 @@
-"""A pre-quantized checkpoint is refused before it loads (issue 44; docs/gpu-path.md, "Quantized models").
+"""A pre-quantized checkpoint is refused before it loads (docs/gpu-path.md, "Quantized models").
 
 Such a model (a ``quantization_config`` in its config: bitsandbytes' 4-bit, GPTQ, AWQ, ...) loads quantized
 whatever the launcher asks (Unsloth's ``from_pretrained`` reads the config and turns ``load_in_4bit`` on), and
