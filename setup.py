@@ -17,6 +17,7 @@ requirements = [
 setup(
     name="tarpo",
     version="0.1.0",
+    license="MIT",
     description="TARPO: Token-wise latent-explicit reasoning via action-routing policy optimization",
     long_description=(here / "README.md").read_text(),
     long_description_content_type="text/markdown",

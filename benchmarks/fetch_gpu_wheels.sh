@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On a machine WITH internet: build the slim wheel kit that the offline GPU machine lacks
-# (Python 3.12, x86-64 Linux; its image already has torch 2.11 cu130, transformers 5.17,
-# accelerate 1.15, triton, numpy, pytest, ...). Carry the kit (.whl/) to the GPU machine and
-# run benchmarks/gpu_check.sh there. What is in the kit, what is left out and why:
-# benchmarks/gpu_wheels.md.
+# On a machine WITH internet access: build the slim wheel kit that a GPU machine without internet
+# access needs (Python 3.12, x86-64 Linux, whose environment already has torch 2.11 cu130,
+# transformers 5.17, accelerate 1.15, triton, numpy, pytest, ...). Copy the kit (.whl/) to the GPU
+# machine beside the checkout and run benchmarks/gpu_session.sh or benchmarks/gpu_check.sh there.
+# What is in the kit, what is left out and why: benchmarks/gpu_wheels.md.
 #   bash benchmarks/fetch_gpu_wheels.sh          # DEST=.whl, MAX_MIB=60, PYTHON=python3 by default
 # Every file is pinned by version and sha256; --no-deps, so torch and the CUDA libraries are never
 # fetched. Three wheels are slimmed (repacked with a fresh RECORD): unsloth without studio/ and

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check of the Unsloth path against the transformers path, in steps that each end well inside
-# one 10-minute call on a GPU machine without internet (the calls: docs/gpu/README.md).
+# The GPU check of the Unsloth path against the transformers path, in steps that each take well under
+# 10 minutes, on a GPU machine that needs no internet access (it installs from the wheel kit; docs/gpu/README.md).
 #   bash benchmarks/gpu_check.sh [STEP...]         # no STEP: all of them, in this order
-#     install     the carried wheel kit (.whl/, benchmarks/fetch_gpu_wheels.sh) and the project into
+#     install     the wheel kit (.whl/, benchmarks/fetch_gpu_wheels.sh) and the project into
 #                 $SITE; import check (versions, GPU name, `import unsloth`, tarpo.patches' checks)
 #     tests       test-patches test-hooks test-gpu: tests/test_{patches,hooks,gpu}.py, each in its own
 #                 process (importing unsloth changes transformers process-wide)
 #     rollout-hf rollout-compiled reference train-hf rollout-unsloth rollout-compiled-unsloth train-unsloth bandwidth
 #                 one benchmark of benchmarks/gpu_bench.py each, in its own process
 #     report      re-render REPORT from RESULTS only (every other step re-renders it too)
-# Every step first installs into $SITE when that is missing or stale (a fresh machine, a changed kit
+# Every step first installs into $SITE when that is missing or stale (nothing installed yet, a changed kit
 # or project); the others then merge their result (with date, device, boot id) into RESULTS and
 # re-render REPORT, both replaced atomically: the report always holds every step finished so far.
 # Env: REPORT (docs/gpu/<UTC date>-<gpu>.md), RESULTS (REPORT with .json), WHEELS (.whl),
@@ -18,7 +18,7 @@
 #   BUDGET (seconds for the whole command; 560 where $OUT is set, else none: a step's process that
 #   outlasts it is stopped and recorded as timed out), ALLOW_CPU=1 (no CUDA: a smoke run of the
 #   plumbing, benchmarks at --tiny sizes, GPU tests skipped).
-# Where $OUT is set (the device machine), REPORT, RESULTS and the steps' logs are copied there.
+# Where OUT names a folder, REPORT, RESULTS and the steps' logs are copied there too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -81,7 +81,7 @@ def check(out):
     missing = [m for m in ("trl", "peft", "datasets", "math_verify", "bitsandbytes", "unsloth", "unsloth_zoo",
                            "tarpo") if importlib.util.find_spec(m) is None]
     if missing and (cuda or "tarpo" in missing):
-        sys.exit(f"gpu_check: missing {missing}: carry the kit of benchmarks/fetch_gpu_wheels.sh as .whl")
+        sys.exit(f"gpu_check: missing {missing}: put the kit of benchmarks/fetch_gpu_wheels.sh in .whl")
     import tarpo.training.trainer  # noqa: F401  TRL's own GRPOTrainer before unsloth, as tarpo does
     import tarpo.patches
     if "unsloth" not in missing:
@@ -109,7 +109,7 @@ def record(results, key, rc, seconds, log, result=None):
                  "summary": next((l.strip() for l in reversed(lines) if l.strip()), ""), "tail": lines[-25:]}
         if rc != 0:
             entry["error"] = {124: f"timed out after {seconds} s", 137: f"killed after {seconds} s",
-                              200: "not started: the call's BUDGET was spent"}.get(rc, f"exit {rc}")
+                              200: "not started: the command's BUDGET was spent"}.get(rc, f"exit {rc}")
     merged = json.load(open(results)) if os.path.exists(results) else {}
     merged[key] = entry
     write_atomic(results, merged)
@@ -128,7 +128,7 @@ install_site() {  # into $SITE.partial, then renamed: $SITE is complete or absen
   local want; want=$(stamp)
   [ "$(cat "$SITE/.stamp" 2>/dev/null)" != "$want" ] || return 0
   ls "$WHEELS"/*.whl >/dev/null 2>&1 \
-    || die "no wheels in $WHEELS/: run benchmarks/fetch_gpu_wheels.sh where there is internet and carry .whl"
+    || die "no wheels in $WHEELS/: run benchmarks/fetch_gpu_wheels.sh where there is internet access and copy .whl here"
   if [ -f "$WHEELS/SHA256SUMS" ]; then
     (cd "$WHEELS" && sha256sum --quiet -c SHA256SUMS) || die "$WHEELS/ does not match its SHA256SUMS: fetch it again"
   fi
@@ -136,7 +136,7 @@ install_site() {  # into $SITE.partial, then renamed: $SITE is complete or absen
   rm -rf "$SITE.partial"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE.partial" "$WHEELS"/*.whl \
     || die "installing the wheels in $WHEELS failed"
-  rm -rf build  # setuptools' in-tree build folder would carry modules since deleted from the source
+  rm -rf build  # setuptools' in-tree build folder would keep modules since deleted from the source
   "$PY" -m pip install -q --no-deps --no-build-isolation --no-compile --no-cache-dir --target "$SITE.partial" . \
     || die "installing the project failed"
   echo "$want" >"$SITE.partial/.stamp"
@@ -159,7 +159,7 @@ run() {  # LOG CMD...: CMD with the time left in BUDGET, output to the terminal 
   if [ "$BUDGET" -gt 0 ]; then
     t=$((BUDGET - (SECONDS - T0)))
     if [ "$t" -lt 30 ]; then
-      echo "gpu_check: BUDGET=$BUDGET s is spent; run this step in another call" | tee "$log"
+      echo "gpu_check: BUDGET=$BUDGET s is spent; run this step in another command" | tee "$log"
       RC=200 SECS=0  # helper.py: not started
       return
     fi

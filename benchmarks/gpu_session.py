@@ -1,12 +1,13 @@
-"""Helpers of benchmarks/gpu_session.sh, the two calls of a 15-minute GPU session (docs/gpu/README.md).
+"""Helpers of benchmarks/gpu_session.sh, the short checks on a CUDA GPU (docs/gpu/README.md).
 
     python benchmarks/gpu_session.py model DIR SHAPE          # random weights of SHAPE (1.5b | 3b | tiny), bf16
-    python benchmarks/gpu_session.py data DIR SHARED_DATA [CACHE]  # GSM8K rows, MATH rows padded past 1,024 tokens,
-                                                              # and the demo's warm start (DIR/warm; from CACHE, made
+    python benchmarks/gpu_session.py data DIR DATA [CACHE]    # GSM8K rows, MATH rows padded past 1,024 tokens (from
+                                                              # DATA's gsm8k/train.jsonl and math/train.jsonl), and
+                                                              # the demo's warm start (DIR/warm; from CACHE, made
                                                               # there if missing: about 3 minutes on a 2-core CPU)
     python benchmarks/gpu_session.py decode MODEL JSON [--tiny] # the compiled step: learned / all-hard / all-soft rows
     python benchmarks/gpu_session.py steps RUN_DIR JSON         # a launcher run's per-step figures beside its plan
-    python benchmarks/gpu_session.py record JSON KEY VALUE      # merge one result into the session's JSON
+    python benchmarks/gpu_session.py record JSON KEY VALUE      # merge one result into a call's JSON
     python benchmarks/gpu_session.py summary CALL JSON DEST     # the call's last line: one JSON object (below)
 
 ``summary call1``: ``{"learning": {"grpo": {first, last, rise, step_s, ...}, "tarpo": {...}}, ...}`` from the

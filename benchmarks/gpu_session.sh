@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A GPU session of the device tool in two calls (docs/gpu/README.md: 15 minutes of device time in all, machine
-# starts included). A call first prints what each part is expected to take, skips a part that cannot fit in what
-# is left of its BUDGET, writes every figure under $OUT (or RESULTS_DIR) as soon as it exists, and ends with one
+# Short checks on a CUDA GPU, one per call of this script (docs/gpu/README.md). BUDGET is a time limit in seconds
+# that a call keeps within. A call first prints what each part is expected to take, skips a part that cannot fit in
+# what is left of its BUDGET, writes every figure under $OUT (or RESULTS_DIR) as soon as it exists, and ends with one
 # line: a JSON object of its figures (null where a figure was not reached; benchmarks/gpu_session.py summary).
 #   BUDGET=250 bash benchmarks/gpu_session.sh call1  # install (scripts/install_gpu.sh, offline from .whl), the
 #       learning check (GRPO and TARPO at once from the demo's warm start, the launchers' default GPU path:
@@ -13,10 +13,12 @@
 #       with LoRA on q/k/v/o and then on every linear layer, each with its cold compile; tests/test_gpu.py if time
 #   bash benchmarks/gpu_session.sh decode      # Qwen2.5-3B shape: the compiled step at batch 64 (learned, all-hard,
 #       all-soft rows) against the weight-reading floor
-# Carry .whl (benchmarks/fetch_gpu_wheels.sh) and .gpu-data (python benchmarks/gpu_session.py data .gpu-data
-# ../shared/data: GSM8K and long MATH rows, the demo's warm start; ignore it in .git/info/exclude); GPU_DATA reads
-# another folder. The launcher runs train with torch.backends.cuda.enable_math_sdp(False) (a sitecustomize on
-# PYTHONPATH): an attention call that only the math kernel takes raises "No available kernel" (issue 44).
+# Needs .whl (the wheel kit of benchmarks/fetch_gpu_wheels.sh; not read when the project is installed already) and,
+# for call1 and call2, .gpu-data (python benchmarks/gpu_session.py data .gpu-data DATA, DATA a folder holding
+# gsm8k/train.jsonl and math/train.jsonl: GSM8K and long MATH rows, the demo's warm start); both are in .gitignore,
+# so copy them beside the checkout. GPU_DATA reads another folder. The launcher runs train with
+# torch.backends.cuda.enable_math_sdp(False) (a sitecustomize on PYTHONPATH): an attention call that only the math
+# kernel takes raises "No available kernel".
 # ALLOW_CPU=1: a CPU smoke run of the plumbing (tiny sizes, the .venv's Python, nothing installed). SESSION_WORK: the
 # folder of the models and run folders (default /tmp/gpu-session-work).
 set -uo pipefail
@@ -32,7 +34,7 @@ PY=${PYTHON:-python3}
 [ "$CPU" = 1 ] && PY=${PYTHON:-.venv/bin/python}
 case $PY in */*) PY=$(realpath -s "$PY");; esac  # the tests run from tests/
 DATA=$(realpath -s "${GPU_DATA:-.gpu-data}")
-WORK=${SESSION_WORK:-/tmp/gpu-session-work}  # models and run folders (not sent back)
+WORK=${SESSION_WORK:-/tmp/gpu-session-work}  # models and run folders (not copied to the results folder)
 mkdir -p "$WORK"
 export PYTHON=$PY HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
   PYTHONUNBUFFERED=1 UNSLOTH_DISABLE_STATISTICS=1
@@ -44,7 +46,7 @@ say() { echo "gpu_session [$((SECONDS - T0)) s]: $*"; }
 rec() { "$PY" benchmarks/gpu_session.py record "$JSON" "$1" "$2" || say "could not record $1"; }
 timed() {  # KEY SECONDS CMD...: run CMD under a timeout, record its exit code and seconds as KEY
   local key=$1 limit=$2 start=$SECONDS; shift 2
-  if [ "$limit" -lt 20 ]; then say "$key: not started, the budget is spent"; rec "$key" '{"rc": "not started"}'; return 200; fi
+  if [ "$limit" -lt 20 ]; then say "$key: not started, BUDGET is spent"; rec "$key" '{"rc": "not started"}'; return 200; fi
   say "$key: start (limit $limit s)"
   timeout -k 10 "$limit" "$@"
   local rc=$?
@@ -71,7 +73,7 @@ rec where "{\"date\": \"$(date -u +%FT%TZ)\", \"gpu\": \"$(nvidia-smi --query-gp
 \"commit\": \"$(git rev-parse HEAD 2>/dev/null)\", \"boot_id\": \"$(cat /proc/sys/kernel/random/boot_id)\", \"budget_s\": $BUDGET}"
 
 # What each part is expected to take on a GPU (seconds) and where the figure comes from (docs/gpu/README.md)
-E_INSTALL=50    # scripts/install_gpu.sh offline on a fresh machine: 14-16 s (H100, H200, 2026-11-26), 47 s (H100, 2026-11-27)
+E_INSTALL=50    # scripts/install_gpu.sh offline, nothing installed before: 14-16 s (H100, H200, 2026-11-26), 47 s (H100, 2026-11-27)
 E_MODEL3=45     # random Qwen2.5-3B weights written: 30-35 s (2026-11-26)
 E_LEARNING=150  # the learning check, 100 steps of each algorithm at once: 135 s (H100, 2026-11-27)
 E_TEST_GPU=200  # tests/test_gpu.py: 170-195 s (2026-11-26)
@@ -89,7 +91,7 @@ esac
 rec plan "{\"install\": $E_INSTALL, \"model3\": $E_MODEL3, \"learning\": $E_LEARNING, \"test_gpu\": $E_TEST_GPU, \
 \"math\": $E_MATH}"
 
-install() {  # scripts/install_gpu.sh, offline from the carried wheels; the torch before and after
+install() {  # scripts/install_gpu.sh, offline from the wheel kit in .whl; the torch before and after
   if [ "$CPU" = 1 ]; then return 0; fi
   if (cd /tmp && "$PY" -c 'import tarpo.patches, unsloth, trl') >/dev/null 2>&1; then say "installed already"; return 0; fi
   local before after wheels=$PWD/.whl
@@ -128,7 +130,7 @@ test_gpu() {  # tests/test_gpu.py if its expected time is left (it skips itself 
 
 case $CALL in
   call1)
-    [ -f "$DATA/warm/config.json" ] || { say "no $DATA/warm: python benchmarks/gpu_session.py data .gpu-data ../shared/data"; exit 2; }
+    [ -f "$DATA/warm/config.json" ] || { say "no $DATA/warm: python benchmarks/gpu_session.py data .gpu-data DATA (DATA: gsm8k/ and math/ train.jsonl)"; exit 2; }
     install
     runs=$WORK/learning
     rm -rf $runs
@@ -147,7 +149,7 @@ case $CALL in
     [ -f $runs/learning.json ] && cp $runs/learning.json "$DEST/learning.json"
     test_gpu;;
   call2)
-    [ -f "$DATA/math_long.jsonl" ] || { say "no $DATA: python benchmarks/gpu_session.py data .gpu-data ../shared/data"; exit 2; }
+    [ -f "$DATA/math_long.jsonl" ] || { say "no $DATA: python benchmarks/gpu_session.py data .gpu-data DATA (DATA: gsm8k/ and math/ train.jsonl)"; exit 2; }
     install
     timed model3 90 "$PY" benchmarks/gpu_session.py model $WORK/q3 $SHAPE3
     run=$WORK/runs/math-paper
@@ -166,11 +168,11 @@ case $CALL in
     kill $m1 $m2 ${sampler:+$sampler} 2>/dev/null
     [ -f "$run/metrics.jsonl" ] && cp "$run/metrics.jsonl" "$DEST/math.jsonl"
     [ -f "$run/launch_config.json" ] && cp "$run/launch_config.json" "$DEST/math_plan.json";;
-  positions)  # issue 46: the compiled step at write positions 64, 512, 1,900 of a 2,048-position cache (3B shape)
+  positions)  # the compiled step at write positions 64, 512, 1,900 of a 2,048-position cache (3B shape)
     install
     timed model3 120 "$PY" benchmarks/gpu_session.py model $WORK/q3 $SHAPE3
     small=$([ "$CPU" = 1 ] && echo --batch 4 --steps 8 --rounds 1)
-    # issue 64 item 6: with the paper's LoRA targets (q, k, v, o), what each level of decode copies buys
+    # with the paper's LoRA targets (q, k, v, o), what each level of decode copies buys
     timed write-positions $(( $(left) - 160 )) "$PY" benchmarks/bench_write_positions.py --model $WORK/q3 \
       --json "$JSON" --rounds 3 --modes written --merges none,attention,all $small 2> $WORK/err.log \
       || tail -n 40 $WORK/err.log

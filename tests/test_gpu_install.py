@@ -123,7 +123,7 @@ def test_an_externally_managed_python_is_refused_in_one_line_that_says_what_to_d
 
 def test_the_readme_gives_the_install_that_keeps_torch():
     readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("## Unsloth on a GPU"):]
+    section = readme[readme.index("## One GPU"):]
     section = section[:section.index("\n## ", 3)]
     assert "bash scripts/install_gpu.sh" in section
     for path in ("README.md", "requirements.txt", "docs/gpu-path.md", "tarpo/models/loading.py"):

@@ -1,5 +1,5 @@
 """The package's shape: no import cycle (in the package, nor among the benchmarks), no import from a lower layer to
-a higher one, no module over 340 lines, no function body over 60 lines anywhere in the package, the README's layout
+a higher one, no module over 340 lines, no function body over 60 lines anywhere in the package, docs/layout.md's
 table is the tree, each routing rule and inference mode is one table entry that the launchers, the config and the
 CLI read."""
 
@@ -324,19 +324,20 @@ def test_a_name_used_only_by_tests_is_found():
     assert used_only_by_tests(package, production + ["rng.sample(x)\n"], tests) == []  # unresolved: counted
 
 
-def test_the_readme_layout_table_is_the_tree():
-    readme = open(os.path.join(ROOT, "README.md")).read()
+def test_the_layout_page_is_the_tree():
+    """docs/layout.md's table lists every module of the package, and every path it lists exists."""
+    readme = open(os.path.join(ROOT, "docs", "layout.md")).read()
     table = readme[readme.index("| path | what |"):]
-    table = table[:table.index("\n\n")]
+    table = table[:table.index("\n\n")] if "\n\n" in table else table
     named = set(re.findall(r"`([\w./*-]+)`", table))
     files = {os.path.relpath(p, ROOT) for p in modules().values() if not p.endswith("__init__.py")}
     files = {f for f in files if not f.startswith("patches" + os.sep)}  # patches/ is one row
-    assert files - named == set(), "modules the README's layout table does not list"
+    assert files - named == set(), "modules docs/layout.md does not list"
     listed = {n for n in named if "/" in n and "*" not in n}
     assert {n for n in listed if not os.path.exists(os.path.join(ROOT, n))} == set(), "listed paths that do not exist"
 
 
-# a soft input's own names (issue 45): its class and its table constant, read through the interface elsewhere
+# a soft input's own names: its class and its table constant, read through the interface elsewhere
 SOFT_INPUT_NAMES = {"TopKMixture", "HrpoGate", "GaussianSoftTokens", "GumbelTopK", "TOP_K", "HRPO_GATE", "GAUSSIAN",
                     "GUMBEL"}
 SOFT_INPUT_OWNERS = {"tarpo/algorithms.py", "tarpo/engine/soft_input.py", "tarpo/engine/hrpo_gate.py"}
@@ -373,7 +374,7 @@ def soft_input_attributes(source: str, interface: set[str]) -> list[tuple[int, s
 
 
 def test_training_and_the_runs_read_a_soft_input_through_its_interface_alone():
-    """No module of tarpo/training or tarpo/runs names an attribute of one variant (issue 58: HRPO's Λ in the
+    """No module of tarpo/training or tarpo/runs names an attribute of one variant (e.g. HRPO's Λ in the
     optimizer, its gate size in the memory plan): the soft input owns its groups, its count and its save/load."""
     import torch
 
@@ -464,7 +465,7 @@ def test_the_three_launchers_share_one_body_that_lists_every_variable():
         assert len(own.splitlines()) < 20
 
 
-# ---- one owner per rule (issue 36): each rule is written once, in the module named here, and read everywhere else
+# ---- one owner per rule: each rule is written once, in the module named here, and read everywhere else
 OWNERS = {  # a name defined (a function, class or method, or assigned at a module's top level) -> its one module
     "engine_for": "tarpo/engine/engine_choice.py", "check_engine": "tarpo/engine/engine_choice.py",
     "cache_length": "tarpo/engine/functional_decoder.py", "CACHE_BUCKET": "tarpo/engine/functional_decoder.py",
