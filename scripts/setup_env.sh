@@ -2,9 +2,8 @@
 # Create (or refresh) the project's virtual environment in .venv from requirements.txt and
 # setup.py. Idempotent: each layer does nothing when it matches those files.
 #   bash scripts/setup_env.sh run       # what the demo and the launchers need (torch CPU wheel + pins)
-#   bash scripts/setup_env.sh           # that, plus the test tools (pytest, the CPU copy of Unsloth): what
-#                                       # scripts/test.sh uses (which also installs the GPU machine's torch 2.11
-#                                       # beside it, while the suite runs: scripts/setup_torch_side.sh)
+#   bash scripts/setup_env.sh           # that, plus the test tools (pytest, the CPU copy of Unsloth,
+#                                       # the GPU machine's torch 2.11 beside it): what scripts/test.sh uses
 #   EXTRAS=dev,gpu bash scripts/setup_env.sh   # on a CUDA machine, with Unsloth (scripts/install_gpu.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +14,7 @@ VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-dev,gguf}
 [ "$LAYER" = run ] && EXTRAS=${EXTRAS//dev/} && EXTRAS=${EXTRAS//,,/,} && EXTRAS=${EXTRAS#,} && EXTRAS=${EXTRAS%,}
 core=$(cat requirements.txt requirements-gpu.txt requirements-unsloth.txt setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)
-want=$core-$EXTRAS
+want=$core-$(cat scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py | sha256sum | cut -c1-16)-$EXTRAS-${TARPO_TORCH_SIDE:-1}
 stamp="$VENV/.tarpo-env"
 run_stamp="$VENV/.tarpo-env-run"
 
@@ -65,5 +64,19 @@ if [[ ",$EXTRAS," == *",dev,"* && ",$EXTRAS," != *",gpu,"* ]]; then
     -r requirements-unsloth.txt triton==3.7.1
   rm -rf "$VENV/unsloth-cpu" && mv "$VENV/unsloth-cpu.tmp" "$VENV/unsloth-cpu"
 fi
-echo "$want" > "$stamp"
+# The GPU machine's torch (2.11, CUDA build with stub CUDA libraries: a 506 MiB download, 1.1 GB on
+# disk, about 2 min) in a folder of its own: tests/test_torch_side.py runs the compiled engine's
+# tests under it in a subprocess. TARPO_TORCH_SIDE=0 leaves it out (the test then skips, saying so).
+# A failed install leaves .venv/torch-2.11.failed with the reason, and no stamp: the next run retries.
+side_ok=1 side_want=$(cat scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py | sha256sum | cut -c1-16)
+if [[ ",$EXTRAS," == *",dev,"* && "${TARPO_TORCH_SIDE:-1}" != 0 ]]; then
+  if [ ! -d "$VENV/torch-2.11/torch" ] || [ "$(cat "$VENV/torch-2.11/.stamp" 2>/dev/null)" != "$side_want" ]; then
+    if bash scripts/setup_torch_side.sh "$VENV/bin/python" "$VENV/torch-2.11"; then
+      echo "$side_want" > "$VENV/torch-2.11/.stamp"
+    else
+      side_ok=0
+    fi
+  fi
+fi
+[ "$side_ok" = 0 ] || echo "$want" > "$stamp"
 echo "environment ready: $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"

@@ -45,17 +45,13 @@ GLOO = {"test_ddp.py", "test_eval_parallel.py"}
 # long module dealt last leaves the other worker idle until it ends. The rest keep their collection order.
 LONGEST_FIRST = ("test_fsdp.py", "test_ddp.py", "test_eval_parallel.py", "test_demo.py", "test_memory_plan.py",
                  "test_unsloth_trainer.py", "test_unsloth_cpu.py", "test_graders.py", "test_gpu_session.py",
-                 "test_launch.py", "test_checkpoints.py", "test_kernel_settings.py", "test_static_decode.py",
-                 "test_backend_worker.py")
-# dealt after the longest, minutes into the suite: what scripts/test.sh prepares beside it (a download,
-# tests/preparations.py) is then ready, and the short modules after them still balance the two workers' ends
-AFTER_THE_LONGEST = ("test_torch_side.py", "test_real_model.py")
+                 "test_torch_side.py", "test_launch.py", "test_checkpoints.py", "test_kernel_settings.py",
+                 "test_static_decode.py", "test_backend_worker.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    order = LONGEST_FIRST + AFTER_THE_LONGEST
-    rank = {name: i for i, name in enumerate(order)}
-    items.sort(key=lambda item: rank.get(os.path.basename(item.nodeid.split("::", 1)[0]), len(order)))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(os.path.basename(item.nodeid.split("::", 1)[0]), len(rank)))
 
 
 def pytest_collection_finish(session):

@@ -1,5 +1,5 @@
 """What only real weights show (SmolLM2-135M-Instruct, made offline by ``python -m tarpo.models.offline smollm2-135m``,
-which scripts/test.sh runs once beside the suite; the test skips where that folder is missing): a BPE vocabulary of
+which scripts/test.sh runs once before the suite; the test skips where that folder is missing): a BPE vocabulary of
 49,152 real token embeddings, a real chat template.
 
 - One TARPO step of the trainer with many soft steps: the training forward replays each soft step's top-k mixture
@@ -16,28 +16,19 @@ import pytest
 import torch
 
 from helpers import letter_reward, make_args
-from preparations import wait_for
 from tarpo.models.offline import local_copy
 from tarpo.tasks.prompts import prompt_ids
 from tarpo.tasks.registry import load_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FOLDER = local_copy("smollm2-135m", os.path.join(ROOT, "runs", "cache"))
+pytestmark = pytest.mark.skipif(FOLDER is None, reason="python -m tarpo.models.offline smollm2-135m not run")
 
 
 @pytest.fixture(scope="module")
-def folder():
-    """The offline copy (scripts/test.sh prepares it beside the suite: waited for here), else the tests skip."""
-    wait_for("real-model")
-    found = local_copy("smollm2-135m", os.path.join(ROOT, "runs", "cache"))
-    if found is None:
-        pytest.skip("python -m tarpo.models.offline smollm2-135m not run (or it failed: scripts/test.sh said why)")
-    return found
-
-
-@pytest.fixture(scope="module")
-def tokenizer(folder):
+def tokenizer():
     from tarpo.models.loading import load_tokenizer
-    return load_tokenizer(folder)
+    return load_tokenizer(FOLDER)
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +46,12 @@ def test_prompt_ids_are_transformers_own_chat_template(tokenizer, arith_rows):
         assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
 
 
-def test_a_tarpo_step_replays_the_real_vocabularys_soft_mixtures_and_trains(folder, tokenizer, arith_rows, tmp_path):
+def test_a_tarpo_step_replays_the_real_vocabularys_soft_mixtures_and_trains(tokenizer, arith_rows, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from tarpo.training.trainer import TarpoTrainer
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.float32)
     data = datasets.Dataset.from_list([{"prompt": r["prompt"]} for r in arith_rows.select(range(2))])
     args = make_args(tmp_path, max_steps=1, per_device_train_batch_size=4, num_generations=4,
                      max_completion_length=8, max_prompt_length=256, lora_r=8, lora_alpha=16, learning_rate=1e-2,
@@ -82,7 +73,7 @@ def test_a_tarpo_step_replays_the_real_vocabularys_soft_mixtures_and_trains(fold
     assert any("tarpo_router" in n for n in moved) and sum("lora_" in n for n in moved) == 2 * 4 * 30
 
 
-def test_the_real_model_check_is_a_launcher_run_of_its_task_with_its_chosen_settings(folder, tmp_path):
+def test_the_real_model_check_is_a_launcher_run_of_its_task_with_its_chosen_settings(tmp_path):
     """``learning_check --model smollm2-135m``'s runs are launcher runs: every variable it sets is one the launcher
     takes, on the data-set preset of one-step problems whose prompts show the answer format as earlier chat turns;
     its evaluation's questions are the task's test split, none of them a training question."""

@@ -1,7 +1,7 @@
 """The compiled engine under the GPU machine's torch (2.11), on the CPU, and the project's declared
 torch range.
 
-scripts/test.sh installs torch 2.11 into ``.venv/torch-2.11`` beside the suite (scripts/setup_torch_side.sh:
+scripts/setup_env.sh installs torch 2.11 into ``.venv/torch-2.11`` (scripts/setup_torch_side.sh:
 PyPI's CUDA build with stub CUDA libraries); SUBSET runs there in a subprocess that puts that folder
 first on PYTHONPATH, with transformers, peft, trl, ... from the project's environment at their pins.
 Extend SUBSET with node ids (a file or a test name without [...] takes all its cases).
@@ -18,8 +18,6 @@ from unittest import mock
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-
-from preparations import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SIDE_VERSION = "2.11"
@@ -44,11 +42,10 @@ def side_env():
 
 
 def needs_side():
-    wait_for("torch-side")  # scripts/test.sh installs it beside the suite
     if (SITE / "torch").is_dir():
         return
     failed = Path(f"{SITE}.failed")
-    why = failed.read_text().strip() if failed.exists() else "not installed (scripts/test.sh installs it)"
+    why = failed.read_text().strip() if failed.exists() else "not installed (scripts/setup_env.sh installs it)"
     pytest.skip(f"torch {SIDE_VERSION} side folder {SITE}: {why}")
 
 
