@@ -239,3 +239,26 @@ def recorded_builds(monkeypatch) -> list:
     build = decoder_tensors.build
     monkeypatch.setattr(decoder_tensors, "build", lambda model, merge: built.append(merge) or build(model, merge))
     return built
+
+
+def one_step_run(root, **fields):
+    """A tiny Qwen2 saved in ``root/model``, trained one step of 4 completions of 6 tokens (rewards 0, 1, 0, 1) with
+    the TarpoConfig ``fields`` given (a routing, its settings), its adapter saved in ``root/adapter``: what
+    ``tarpo eval``, ``tarpo case`` and ``tarpo generate`` read. Returns ``root``."""
+    import datasets
+
+    from tarpo.config import TarpoConfig
+    from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
+    from tarpo.training.trainer import TarpoTrainer
+    tok = char_tokenizer()
+    tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    args = TarpoConfig(output_dir=str(root / "run"), per_device_train_batch_size=4, num_generations=4,
+                       max_completion_length=6, max_steps=1, report_to="none", save_strategy="no", bf16=False,
+                       lora_r=4, lora_alpha=8, **fields)
+    data = datasets.Dataset.from_list([{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(4)])
+    trainer = TarpoTrainer(str(root / "model"), lambda completions, **kw: [0.0, 1.0] * (len(completions) // 2),
+                           args=args, train_dataset=data)
+    trainer.train()
+    trainer.save_model(str(root / "adapter"))
+    return root

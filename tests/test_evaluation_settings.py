@@ -8,6 +8,7 @@ import json
 import datasets
 import pytest
 
+from helpers import one_step_run
 from tarpo.cli import main as cli
 from tarpo.config import TarpoConfig, default
 from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
@@ -20,21 +21,9 @@ SOFT_WHEN = "low"
 @pytest.fixture(scope="module")
 def entropy_run(tmp_path_factory):
     """A tiny model trained one step with routing ``entropy`` at a threshold of its own, its adapter saved."""
-    root = tmp_path_factory.mktemp("entropy")
-    tok = char_tokenizer()
-    tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
     assert default("entropy_threshold") != THRESHOLD and default("entropy_soft_when") != SOFT_WHEN
-    args = TarpoConfig(output_dir=str(root / "run"), routing="entropy", entropy_threshold=THRESHOLD,
-                       entropy_soft_when=SOFT_WHEN, per_device_train_batch_size=4, num_generations=4,
-                       max_completion_length=6, max_steps=1, report_to="none", save_strategy="no", bf16=False,
-                       lora_r=4, lora_alpha=8)
-    data = datasets.Dataset.from_list([{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(4)])
-    trainer = TarpoTrainer(str(root / "model"), lambda completions, **kw: [0.0, 1.0] * (len(completions) // 2),
-                           args=args, train_dataset=data)
-    trainer.train()
-    trainer.save_model(str(root / "adapter"))
-    return root
+    return one_step_run(tmp_path_factory.mktemp("entropy"), routing="entropy", entropy_threshold=THRESHOLD,
+                        entropy_soft_when=SOFT_WHEN)
 
 
 def questions(root) -> str:

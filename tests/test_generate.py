@@ -3,32 +3,17 @@ for prompts of one's own, through the hybrid loop, soft steps shown or hidden; b
 
 import json
 
-import datasets
 import pytest
 
+from helpers import one_step_run
 from tarpo.cli import main as cli
-from tarpo.config import TarpoConfig
 from tarpo.evaluation.generate import generate
-from tarpo.models.tiny import char_tokenizer, tiny_causal_lm
-from tarpo.training.trainer import TarpoTrainer
 
 
 @pytest.fixture(scope="module")
 def soft_run(tmp_path_factory):
     """A tiny model trained one TARPO step with a router that goes soft almost always (b0 = [-4.6, 0]), saved."""
-    root = tmp_path_factory.mktemp("generate")
-    tok = char_tokenizer()
-    tiny_causal_lm(tok, "qwen2", seed=0).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    args = TarpoConfig(output_dir=str(root / "run"), routing="learned", action_bias=[-4.6, 0.0],
-                       per_device_train_batch_size=4, num_generations=4, max_completion_length=6, max_steps=1,
-                       report_to="none", save_strategy="no", bf16=False, lora_r=4, lora_alpha=8)
-    data = datasets.Dataset.from_list([{"prompt": f"{i} + 1 ="} for i in range(4)])
-    trainer = TarpoTrainer(str(root / "model"), lambda completions, **kw: [0.0, 1.0] * (len(completions) // 2),
-                           args=args, train_dataset=data)
-    trainer.train()
-    trainer.save_model(str(root / "adapter"))
-    return root
+    return one_step_run(tmp_path_factory.mktemp("generate"), routing="learned", action_bias=[-4.6, 0.0])
 
 
 def run_cli(capsys, root, *flags):

@@ -95,7 +95,8 @@ def learns(values: list[float]) -> bool | None:
     return None if se is None else rise > 2 * se
 
 
-def _mean(values):
+def mean_present(values):
+    """The mean of the values that are not None (None if there are none): a figure some runs or steps lack."""
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
 
@@ -130,16 +131,16 @@ def summarize(run_dir: str) -> dict:
         return max(column(key), default=None)
     times = column("timing/step_s")
     return {"steps": n, "curve": [round(c, 4) for c in curve],
-            "first": _mean(curve[:max(1, round(FIRST * n))]) if n else None,
-            "last": _mean(curve[-max(1, round(LAST * n)):]) if n else None,
+            "first": mean_present(curve[:max(1, round(FIRST * n))]) if n else None,
+            "last": mean_present(curve[-max(1, round(LAST * n)):]) if n else None,
             "rise": rise, "rise_se": se, "rise_rho": rho, "rise_se_ols": fitted_rise(curve)[1] if n else None,
             "learns": learns(curve) if n else None,
             "step_s": statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None),
-            "first_step_s": times[0] if times else None, "rollout_s": _mean(column("timing/rollout_s")[1:]),
-            "soft_ratio": _mean(column("soft_ratio")), "router_p_soft": _mean(column("router/p_soft")),
-            "logp_drift": _mean(column("logp_drift")),
-            "logp_drift_p99": _mean(column("logp_drift_p99")), "logp_drift_max": peak("logp_drift_max"),
-            "logp_drift_frac_over_0.1": _mean(column("logp_drift_frac_over_0.1")),
+            "first_step_s": times[0] if times else None, "rollout_s": mean_present(column("timing/rollout_s")[1:]),
+            "soft_ratio": mean_present(column("soft_ratio")), "router_p_soft": mean_present(column("router/p_soft")),
+            "logp_drift": mean_present(column("logp_drift")),
+            "logp_drift_p99": mean_present(column("logp_drift_p99")), "logp_drift_max": peak("logp_drift_max"),
+            "logp_drift_frac_over_0.1": mean_present(column("logp_drift_frac_over_0.1")),
             "peak_gib": peak("memory/peak_gib"), "reserved_gib": peak("memory/peak_reserved_gib"),
             "rollout_peak_gib": peak("memory/rollout_peak_gib")}
 

@@ -27,7 +27,7 @@ import statistics
 from ..algorithms import ALGOS
 from ..atomic_files import atomic_path, write_json_atomic, write_text_atomic
 from ..evaluation.plot import read_log
-from .learning_curves import summarize
+from .learning_curves import mean_present, summarize
 from .paper_mini_plan import (B0_VALUES, EVAL_TASKS, FIGURE_RUNS, HARD_INFERENCE, TRAINED, TRAINING_FREE, eval_label,
                          run_name)
 
@@ -89,14 +89,9 @@ def _run_figures(run_dir: str) -> dict | None:
     s = summarize(run_dir)
     return {**{k: s[k] for k in ("steps", "curve", "first", "last", "rise", "rise_se", "rise_rho", "learns", "step_s",
                                  "rollout_s", "soft_ratio", "logp_drift", "logp_drift_p99", "logp_drift_max")},
-            "p_soft_start": p_soft[0], "p_soft_end": _mean_of(p_soft[-3:]),
+            "p_soft_start": p_soft[0], "p_soft_end": mean_present(p_soft[-3:]),
             "entropy": [r.get("entropy") for r in rows], "soft_ratio_curve": [r.get("soft_ratio") for r in rows],
             "units_curve": [r.get("completions/mean_units") for r in rows]}
-
-
-def _mean_of(values):
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
 
 
 def where_soft(records: list[dict], decode) -> dict:
@@ -168,7 +163,7 @@ def write_report(s, jobs) -> dict:
         summary["systems"][system] = {task: {
             **{k: _stats([e[k] for e in per_seed.values()]) for k in ("pass@1", "pass@n", "reward@1", "units",
                                                                       "soft_ratio")},
-            "ci95": _mean_of([e["ci95"] for e in per_seed.values()]), "n": next(iter(per_seed.values()))["n"],
+            "ci95": mean_present([e["ci95"] for e in per_seed.values()]), "n": next(iter(per_seed.values()))["n"],
             "per_seed": {seed: e["pass@1"] for seed, e in per_seed.items()}} for task, per_seed in tasks.items()}
     base, grpo = summary["systems"].get("CoT", {}), summary["systems"].get("GRPO", {})
     for system in [ALGOS[a].system for a in TRAINED] + [HARD_INFERENCE]:
