@@ -98,16 +98,17 @@ MAIN_PROCESS_PORT=${MAIN_PROCESS_PORT:-}  # its port for the process group; empt
 CPU_MAX_HOURS=${CPU_MAX_HOURS:-}     # no CUDA: the run starts after a printed time estimate, refused past this many hours
 set +a
 cd "$(dirname "$0")/.."
-# The Python: $PYTHON, else the active environment's (a venv's, then conda's), else the project's .venv, else
-# `python`; the run's first line names it and why (tarpo.runs.launch_environment).
+# The Python: $PYTHON, else the active environment's (a venv's, then a conda environment's other than base, which
+# conda activates in every shell), else the project's .venv, else `python`; the run's first line names it and why
+# (tarpo.runs.launch_environment).
 if [ -n "${PYTHON:-}" ]; then
   TARPO_PYTHON_FROM="PYTHON"
 elif [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
   PYTHON="$VIRTUAL_ENV/bin/python"; TARPO_PYTHON_FROM="the active environment, $VIRTUAL_ENV"
-elif [ -n "${CONDA_PREFIX:-}" ] && [ -x "$CONDA_PREFIX/bin/python" ]; then
+elif [ -n "${CONDA_PREFIX:-}" ] && [ "${CONDA_DEFAULT_ENV:-base}" != base ] && [ -x "$CONDA_PREFIX/bin/python" ]; then
   PYTHON="$CONDA_PREFIX/bin/python"; TARPO_PYTHON_FROM="the active conda environment, $CONDA_PREFIX"
 elif [ -x .venv/bin/python ]; then
-  PYTHON=.venv/bin/python; TARPO_PYTHON_FROM="the project's .venv: no environment is active"
+  PYTHON=.venv/bin/python; TARPO_PYTHON_FROM="the project's .venv: no environment is active (conda's base aside)"
 else
   PYTHON=python; TARPO_PYTHON_FROM="python on PATH: no environment is active and there is no .venv"
 fi

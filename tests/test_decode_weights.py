@@ -70,10 +70,11 @@ def test_a_block_without_lora_is_not_copied(tokenizer):
 
 
 def planned_transient(model, tokenizer, spec):
-    """The plan's transients of the rollout :func:`rollout` runs (its prompt length read off the encoded prompts)."""
+    """The plan's transients of the rollout :func:`rollout` runs (at the prompt budget, as its cache), and the
+    prompt's length read off the encoded prompts."""
     P = encode_prompts(tokenizer, ["what is 2+3?", "hi"]).input_ids.shape[1]
-    run = memory_plan.Run(rows=spec.batch_size, prompt=P, completion=spec.max_new_tokens, soft_top_k=spec.soft_top_k,
-                          weight_bytes=4)
+    run = memory_plan.Run(rows=spec.batch_size, prompt=max(P, spec.max_prompt_length), completion=spec.max_new_tokens,
+                          soft_top_k=spec.soft_top_k, weight_bytes=4)
     return memory_plan.rollout_transient_bytes(unwrap(model).config, run), P
 
 

@@ -52,6 +52,8 @@ def test_a_kind_wraps_each_prompt_in_its_chat_prompt_and_bad_input_is_refused_be
     status, _, err = cli(["generate", "--model", str(soft_run / "model"), "--adapter", str(tmp_path), "--prompt",
                           "x"]), *capsys.readouterr()
     assert status == 2 and "no adapter_config.json there" in err
+    with pytest.raises(ValueError, match="kind 'poetry': not a prompt kind"):  # before the model (there is none)
+        generate(str(tmp_path / "no-model"), ["x"], mode="cot", kind="poetry")
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("1 + 1 =\n\n2 + 3 =\n")
     status, out, _ = run_cli(capsys, soft_run, "--prompts-file", str(prompts), "--kind", "arith", "--json")

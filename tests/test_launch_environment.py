@@ -13,7 +13,7 @@ from test_launch import ROOT
 
 def dry_run(tmp_path, **env):
     from tarpo.runs.launch_variables import SETTINGS, VARIABLES
-    drop = {*VARIABLES, *SETTINGS, "PYTHON", "VIRTUAL_ENV", "CONDA_PREFIX", "TARPO_PYTHON_FROM"}
+    drop = {*VARIABLES, *SETTINGS, "PYTHON", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "TARPO_PYTHON_FROM"}
     clean = {k: v for k, v in os.environ.items() if k not in drop}
     out = subprocess.run(["bash", os.path.join(ROOT, "run_gsm8k.sh")], capture_output=True, text=True, timeout=300,
                          env={**clean, "HF_HUB_OFFLINE": "1", "DRY_RUN": "1", "OUT_DIR": str(tmp_path / "runs"),
@@ -49,3 +49,11 @@ def test_the_active_environment_is_taken_over_the_projects_venv(tmp_path):
     lines = dry_run(tmp_path, VIRTUAL_ENV=str(venv))
     assert (tmp_path / "used").exists()
     assert f"(the active environment, {venv}); torch " in lines[0], lines[0]
+
+
+def test_conda_base_which_every_shell_activates_is_not_taken_over_the_projects_venv(tmp_path):
+    conda = active_environment(tmp_path)
+    lines = dry_run(tmp_path, CONDA_PREFIX=str(conda), CONDA_DEFAULT_ENV="base")
+    assert not (tmp_path / "used").exists() and "(the project's .venv: no environment is active" in lines[0]
+    lines = dry_run(tmp_path, CONDA_PREFIX=str(conda), CONDA_DEFAULT_ENV="tarpo")
+    assert (tmp_path / "used").exists() and f"(the active conda environment, {conda}); torch " in lines[0]

@@ -21,7 +21,8 @@ from ..evaluation.system import RUN_FLAGS
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="base model: hub id or local folder")
-    p.add_argument("--adapter", help="a trained run's adapter/ folder (LoRA, router, soft input); none: the base")
+    p.add_argument("--adapter", help="a trained run's adapter/ folder (LoRA, router, soft input); none: the base "
+                                       "model (with --mode cot or hard)")
     p.add_argument("--mode", default="tarpo", choices=list(MODES), help="inference mode (cot without a router)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeat the flag for more)")
     p.add_argument("--prompts-file", help="a text file, one prompt a line")

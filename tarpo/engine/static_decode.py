@@ -229,8 +229,10 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     T, E = spec.max_new_tokens, backbone.embed_weight
     # the model's own tensors, whichever backend, and the copies the rollout decodes with (the LoRA merged in)
     length = cache_length(P, T, spec.max_prompt_length)
-    run = memory_plan.Run(rows=B, prompt=P, completion=T, soft_top_k=spec.soft_top_k, full_mix=ctx.mixture_width > 0,
-                          weight_bytes=E.element_size())  # what the plan weighs for decode_merge="auto"
+    # what the plan weighs for decode_merge="auto": the prompt budget, as the cache (a first short batch chooses for
+    # the run's longest)
+    run = memory_plan.Run(rows=B, prompt=max(P, spec.max_prompt_length or 0), completion=T,
+                          soft_top_k=spec.soft_top_k, full_mix=ctx.mixture_width > 0, weight_bytes=E.element_size())
     level = decode_weights.merge_level(backbone.model, spec.decode_merge, run, length, device)
     weights = decode_weights.decoder_weights(backbone.model, level)
     engine = DecodeBuffers(ctx, weights, B, length, device)

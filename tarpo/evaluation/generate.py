@@ -21,6 +21,13 @@ from .sample import sample
 from .system import RUN_FLAGS, check_system, load_system, rollout_spec, run_settings
 
 
+def check_kind(kind: str) -> None:
+    """``kind`` is a task kind with a chat prompt (``resources/prompts.json``), else a ValueError naming them."""
+    kinds = sorted(k for k in system_prompts() if not k.startswith("_"))
+    if kind not in kinds:
+        raise ValueError(f"kind {kind!r}: not a prompt kind ({', '.join(kinds)})")
+
+
 def prompt_of(text: str, kind: str | None, chat: bool):
     """The prompt a question is decoded from: ``kind``'s chat prompt (its system prompt and worked examples,
     :mod:`tarpo.tasks.chat_messages`: what a run on that kind of task trained on), else a single user turn where the
@@ -32,9 +39,7 @@ def prompt_of(text: str, kind: str | None, chat: bool):
     ['system', 'user']
     """
     if kind is not None:
-        kinds = sorted(k for k in system_prompts() if not k.startswith("_"))
-        if kind not in kinds:
-            raise ValueError(f"kind {kind!r}: not a prompt kind ({', '.join(kinds)})")
+        check_kind(kind)
         return messages(kind, text)
     return [{"role": "user", "content": text}] if chat else text
 
@@ -56,7 +61,9 @@ def generate(model: str, prompts: list[str], *, adapter: str | None = None, mode
         raise ValueError(f"generate(): no setting {', '.join(sorted(unknown))} (settings: {', '.join(RUN_FLAGS)})")
     if not prompts or n < 1:
         raise ValueError("generate(): give at least one prompt and n >= 1")
-    check_system(adapter, mode)  # before the model loads
+    check_system(adapter, mode)  # before the model loads, as the kind
+    if kind is not None:
+        check_kind(kind)
     saved = run_settings(adapter)
     values = {name: settings.get(name, saved.get(name, default(name))) for name in RUN_FLAGS}
     spec = rollout_spec({"max_new_tokens": max_new_tokens, "soft_top_k": soft_top_k, "temperature": temperature,

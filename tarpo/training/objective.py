@@ -182,9 +182,10 @@ def tarpo_loss(settings: LossSettings, scores, batch: LossBatch) -> tuple[torch.
     if settings.entropy_coef or settings.adaptive_entropy:  # TRL's bonus: loss = policy_loss - coef * entropy
         steps = mask if b.entropy_mask is None else mask & b.entropy_mask.bool()
         terms["entropy_bonus"] = (scores.entropy * steps).sum() / steps.sum().clamp(min=1)  # with its gradient
+        terms["policy_loss"] = loss  # logged whenever the bonus is on, as TRL logs it (adaptive: at coefficient 0 too)
         if settings.adaptive_entropy:  # the controller's window is a mean over steps (tarpo.training.trainer_entropy)
             terms["entropy_steps"] = steps.sum()
     if settings.entropy_coef:
-        terms["policy_loss"], terms["entropy_coef"] = loss, loss.new_tensor(settings.entropy_coef)
+        terms["entropy_coef"] = loss.new_tensor(settings.entropy_coef)
         loss = loss - settings.entropy_coef * terms["entropy_bonus"]
     return loss, {k: v.detach() for k, v in terms.items()}
