@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tarpo.architectures import ARCHITECTURES  # noqa: E402
 from tarpo.config import TarpoConfig  # noqa: E402
-from tarpo.engine import static_decode  # noqa: E402
+from tarpo.engine import functional_decoder, static_decode  # noqa: E402
 try:  # the step's runner and attention spans: static_decode's in a tree before tarpo/engine/step_replay.py
     from tarpo.engine import step_replay  # noqa: E402
 except ImportError:
@@ -130,7 +130,7 @@ def measure(model, tok, args, cuda: bool) -> dict:
                        max_prompt_length=args.cache - args.steps, batch_size=args.batch)
     prompts = {p: [x.to(device) for x in left_padded_prompts(args.batch, p, len(tok), tok.pad_token_id, shortest=p)]
                for p in args.positions}
-    res = {"positions": {}, "cache": static_decode.cache_length(0, args.steps, spec.max_prompt_length)}
+    res = {"positions": {}, "cache": functional_decoder.cache_length(0, args.steps, spec.max_prompt_length)}
 
     def rollout(p, mode="written", merge=None):
         if bucket is not None:  # None: an engine without the written-slot attention: it attends over the whole cache

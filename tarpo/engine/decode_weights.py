@@ -56,10 +56,10 @@ def free_bytes(device: torch.device) -> int | None:
         return None
 
 
-def merge_level(model, requested: str, run: memory_plan.Run, length: int, device: torch.device) -> str:
+def merge_level(model, requested: str, run: memory_plan.Run, device: torch.device) -> str:
     """The level a compiled rollout of ``model`` (``run``: its rows, prompt and completion lengths, top-k, records;
-    a cache of ``length`` positions) decodes at: ``requested``, or for ``auto`` the level chosen at the model's first
-    such rollout and kept (chosen again for a rollout whose KV cache is larger than the one it was chosen for; each
+    its cache of :func:`tarpo.engine.memory_plan.cache_positions` positions) decodes at: ``requested``, or for
+    ``auto`` the level chosen at the model's first such rollout and kept (chosen again for a rollout whose KV cache is larger than the one it was chosen for; each
     process chooses its own): the first of :data:`LEVELS` whose copies (exact:
     :func:`tarpo.engine.decoder_tensors.merged_bytes`), KV cache (exact) and the plan's transients
     (:func:`tarpo.engine.memory_plan.rollout_transient_bytes`) fit in :func:`free_bytes` less the plan's margin
@@ -68,7 +68,7 @@ def merge_level(model, requested: str, run: memory_plan.Run, length: int, device
     if requested != "auto":
         _used[base] = requested
         return requested
-    cache = functional_decoder.cache_bytes(model, run.rows, length)
+    cache = functional_decoder.cache_bytes(model, run.rows, memory_plan.cache_positions(run))
     if base in _chosen and cache <= _chosen[base][1]:  # kept while the rollouts need no larger cache
         _used[base] = _chosen[base][0]
         return _chosen[base][0]

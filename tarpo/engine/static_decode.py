@@ -48,7 +48,6 @@ import os
 import torch
 
 from . import decode_weights, functional_decoder, memory_plan, step_replay
-from .functional_decoder import cache_length
 from .backbone import distinct_prompts, positions_from_mask
 from .records import DONE_CHECK_EVERY, Rollout, new_records, steps_that_ran
 from .step import DecodeContext, hybrid_step, new_state
@@ -228,12 +227,12 @@ def compiled_generate(ctx: DecodeContext, prompt_ids, prompt_mask, keys: torch.T
     B = check_fits(spec, prompt_ids)
     T, E = spec.max_new_tokens, backbone.embed_weight
     # the model's own tensors, whichever backend, and the copies the rollout decodes with (the LoRA merged in)
-    length = cache_length(P, T, spec.max_prompt_length)
-    # what the plan weighs for decode_merge="auto": the prompt budget, as the cache (a first short batch chooses for
-    # the run's longest)
+    # the rollout as the memory plan sees it, at the prompt budget (a first short batch chooses decode_merge="auto"
+    # for the run's longest), and its cache's positions (memory_plan.cache_positions: cache_length's rule)
     run = memory_plan.Run(rows=B, prompt=max(P, spec.max_prompt_length or 0), completion=T,
                           soft_top_k=spec.soft_top_k, full_mix=ctx.mixture_width > 0, weight_bytes=E.element_size())
-    level = decode_weights.merge_level(backbone.model, spec.decode_merge, run, length, device)
+    length = memory_plan.cache_positions(run)
+    level = decode_weights.merge_level(backbone.model, spec.decode_merge, run, device)
     weights = decode_weights.decoder_weights(backbone.model, level)
     engine = DecodeBuffers(ctx, weights, B, length, device)
     if B > rows:  # rows that pad the batch to the run's shape: a copy of row 0 that never runs

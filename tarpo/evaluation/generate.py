@@ -13,12 +13,13 @@ next input is a mixture of token embeddings, not a token, which transformers' ``
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
-from ..config import default
 from ..tasks.chat_messages import messages, system_prompts
 from .sample import sample
-from .system import RUN_FLAGS, check_system, load_system, rollout_spec, run_settings
+from .system import RUN_FLAGS, check_system, fill_run_settings, load_system, rollout_spec
 
 
 def check_kind(kind: str) -> None:
@@ -38,8 +39,7 @@ def prompt_of(text: str, kind: str | None, chat: bool):
     >>> [m["role"] for m in prompt_of("2 + 2?", "math", True)]
     ['system', 'user']
     """
-    if kind is not None:
-        check_kind(kind)
+    if kind is not None:  # checked by generate() before anything loads (check_kind)
         return messages(kind, text)
     return [{"role": "user", "content": text}] if chat else text
 
@@ -64,10 +64,10 @@ def generate(model: str, prompts: list[str], *, adapter: str | None = None, mode
     check_system(adapter, mode)  # before the model loads, as the kind
     if kind is not None:
         check_kind(kind)
-    saved = run_settings(adapter)
-    values = {name: settings.get(name, saved.get(name, default(name))) for name in RUN_FLAGS}
+    given = SimpleNamespace(adapter=adapter, **{name: settings.get(name) for name in RUN_FLAGS})
+    fill_run_settings(given)  # the run's value, else TarpoConfig's, where not given (as tarpo eval and tarpo case)
     spec = rollout_spec({"max_new_tokens": max_new_tokens, "soft_top_k": soft_top_k, "temperature": temperature,
-                         **values})  # None: the field's default
+                         **{name: getattr(given, name) for name in RUN_FLAGS}})  # None: the field's default
     system = load_system(model, adapter, mode)
     chat = getattr(system.tokenizer, "chat_template", None) is not None
     examples = [{"id": i, "prompt": prompt_of(text, kind, chat)} for i, text in enumerate(prompts)]
