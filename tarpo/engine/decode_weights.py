@@ -60,7 +60,8 @@ def merge_level(model, requested: str, run: memory_plan.Run, device: torch.devic
     """The level a compiled rollout of ``model`` (``run``: its rows, prompt and completion lengths, top-k, records;
     its cache of :func:`tarpo.engine.memory_plan.cache_positions` positions) decodes at: ``requested``, or for
     ``auto`` the level chosen at the model's first such rollout and kept (chosen again for a rollout whose KV cache
-    is larger than the one it was chosen for; each process chooses its own): the first of :data:`LEVELS` whose copies (exact:
+    is larger than the one it was chosen for; each process chooses its own): the first of :data:`LEVELS` whose
+    copies (exact:
     :func:`tarpo.engine.decoder_tensors.merged_bytes`), KV cache (exact) and the plan's transients
     (:func:`tarpo.engine.memory_plan.rollout_transient_bytes`) fit in :func:`free_bytes` less the plan's margin
     (``all`` where the free memory is unknown)."""
