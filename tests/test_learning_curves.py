@@ -75,3 +75,16 @@ def test_summary_reports_the_widened_criterion(tmp_path):
     rise, se, rho = dependent_rise_se(curve)
     assert (s["rise"], s["rise_se"], s["rise_rho"], s["learns"]) == (rise, se, rho, rise > 2 * se)
     assert s["rise_se_ols"] == fitted_rise(curve)[1]
+
+
+def test_step_and_rollout_times_are_medians_so_a_paused_step_moves_neither(tmp_path):
+    """A run paused mid-step (a stopped process, a shared machine) logs one step of minutes: the typical step
+    and rollout times are the medians after the first step, so the rollout is never reported longer than its step."""
+    import json
+    times = [(90.0, 60.0)] + [(30.0, 10.0)] * 9
+    times[4] = (1000.0, 990.0)  # the step during which the run was paused
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for step, rollout in times:
+            f.write(json.dumps({"reward": 0.5, "timing/step_s": step, "timing/rollout_s": rollout}) + "\n")
+    s = summarize(str(tmp_path))
+    assert (s["step_s"], s["rollout_s"], s["first_step_s"]) == (30.0, 10.0, 90.0)  # exact: medians of given values

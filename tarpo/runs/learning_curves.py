@@ -101,14 +101,20 @@ def mean_present(values):
     return sum(values) / len(values) if values else None
 
 
+def median_after_first(times: list) -> float | None:
+    """The typical time of a step: the median after the first (which compiles), so that a step during which the
+    process was paused moves it no more than any other step; the first alone where there is no other."""
+    return statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
+
+
 def summarize(run_dir: str) -> dict:
     """A run's learning figures from its ``metrics.jsonl`` (the steps logged so far; ``None`` where a figure
     needs more). ``curve``: the mean reward of each step; ``first`` / ``last``: the mean of the first 10% / the
     last 20% of the steps (steps 1-10 and 81-100 of 100); ``rise``, ``rise_se`` and ``rise_rho``:
     :func:`dependent_rise_se` of the curve (``rise_se_ols`` the least-squares error before the widening);
-    ``learns``: :func:`learns`. ``step_s``: the median step time after the first (which
-    compiles); the soft ratio, the log-prob drift's mean, ``logp_drift_p99`` the mean over steps of each step's 99th
-    percentile (not one percentile of all steps) and its largest value, and on CUDA the memory peaks."""
+    ``learns``: :func:`learns`. ``step_s`` and ``rollout_s``: :func:`median_after_first`; the soft ratio, the
+    log-prob drift's mean, ``logp_drift_p99`` the mean over steps of each step's 99th percentile (not one
+    percentile of all steps) and its largest value, and on CUDA the memory peaks."""
     path = os.path.join(run_dir, "metrics.jsonl")
     rows = []
     if os.path.isfile(path):
@@ -135,8 +141,8 @@ def summarize(run_dir: str) -> dict:
             "last": mean_present(curve[-max(1, round(LAST * n)):]) if n else None,
             "rise": rise, "rise_se": se, "rise_rho": rho, "rise_se_ols": fitted_rise(curve)[1] if n else None,
             "learns": learns(curve) if n else None,
-            "step_s": statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None),
-            "first_step_s": times[0] if times else None, "rollout_s": mean_present(column("timing/rollout_s")[1:]),
+            "step_s": median_after_first(times),
+            "first_step_s": times[0] if times else None, "rollout_s": median_after_first(column("timing/rollout_s")),
             "soft_ratio": mean_present(column("soft_ratio")), "router_p_soft": mean_present(column("router/p_soft")),
             "logp_drift": mean_present(column("logp_drift")),
             "logp_drift_p99": mean_present(column("logp_drift_p99")), "logp_drift_max": peak("logp_drift_max"),
