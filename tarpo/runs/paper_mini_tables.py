@@ -75,7 +75,8 @@ def markdown(summary: dict) -> str:
                      f"{verdict} |")
     lines += ["", "### Training runs", "",
               "| run | steps | reward first / last | rise ± 2 se (rho) | learns | p(soft) start / end | soft ratio | "
-              "drift mean / step p99 (mean) / max | median step s (rollout s) |", "|---|---|---|---|---|---|---|---|---|"]
+              "drift mean / step p99 (mean) / max | median step s (rollout s) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for name, r in summary["runs"].items():
         band = "" if r["rise_se"] is None else f" ± {2 * r['rise_se']:.3f} ({r['rise_rho']:.2f})"
         lines.append(f"| {name} | {r['steps']} | {_f(r['first'])} / {_f(r['last'])} | {_f(r['rise'])}{band} | "
