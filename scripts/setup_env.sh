@@ -26,11 +26,11 @@ if [ "$LAYER" = run ] && [ -f "$run_stamp" ] && [ "$(cat "$run_stamp")" = "$core
 fi
 "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "TARPO needs Python >= 3.11"'
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-# --no-compile: Python writes a module's bytecode when the module is first imported; compiling every file at
-# install time, most of which no run imports, took 7.6 s for transformers, 7.6 s for torch, 6.1 s for sympy and
-# 4.6 s for pandas on a 2-core machine
+# Every file compiled to bytecode at install time (pip's default), the side folders' too: where
+# PYTHONDONTWRITEBYTECODE=1 is set (as on some CI machines) Python never writes it later, and every process then
+# compiled each module it imports from source
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
-install() { pip install --no-compile "$@"; }
+install() { pip install "$@"; }
 
 # torch first, pinned to the CPU build unless the machine has CUDA: an unpinned torch
 # would pull several GB of CUDA libraries.
@@ -64,7 +64,7 @@ fi
 # triton is the version torch 2.13's CUDA wheel pins; unsloth_zoo imports it at top level.
 if [[ ",$EXTRAS," == *",dev,"* && ",$EXTRAS," != *",gpu,"* ]]; then
   rm -rf "$VENV/unsloth-cpu.tmp"
-  "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps --no-compile --target "$VENV/unsloth-cpu.tmp" \
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps --target "$VENV/unsloth-cpu.tmp" \
     -r requirements-unsloth.txt triton==3.7.1
   rm -rf "$VENV/unsloth-cpu" && mv "$VENV/unsloth-cpu.tmp" "$VENV/unsloth-cpu"
 fi

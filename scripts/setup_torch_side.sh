@@ -20,7 +20,7 @@ rm -rf "$DEST.partial" "$DEST.failed"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 fail() { { echo "$*"; tail -n 20 "$log"; } >"$DEST.failed"; rm -rf "$DEST.partial"; echo "setup_torch_side: $*" >&2; exit 1; }
-"$PY" -m pip --disable-pip-version-check -q install --no-deps --no-compile --only-binary=:all: \
+"$PY" -m pip --disable-pip-version-check -q install --no-deps --only-binary=:all: \
   --target "$DEST.partial" "torch==$TORCH" "nvidia-cuda-runtime==$CUDART" "setuptools==$SETUPTOOLS" >"$log" 2>&1 \
   || fail "pip could not install torch==$TORCH, nvidia-cuda-runtime==$CUDART, setuptools==$SETUPTOOLS"
 # what a CPU run never reads: CUDA headers and static libraries
