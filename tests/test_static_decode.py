@@ -100,9 +100,8 @@ ROUTINGS = [
 # inductor's code for both architectures and both mixtures: Qwen2 with TARPO's top-k mixture, Llama with HRPO's
 # full-vocabulary one (each graph is 20-40 s of C++ generation and compilation on a cold cache, 2 cores); every
 # routing of both is compared under aot_eager, the same traced graph run without code generation (tests/conftest.py)
-INDUCTOR_ROUTING = {"qwen2": "learned", "llama": "hrpo"}
-INDUCTOR_IDS = {f"test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise[{arch}-{routing}-default]"
-                for arch, routing in INDUCTOR_ROUTING.items()}
+INDUCTOR_IDS = {f"test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise[{i}]" for i in (
+    "qwen2-learned-default", "llama-hrpo-default")}
 
 
 @pytest.mark.parametrize("routing,kw", ROUTINGS, ids=[f"{r}-{'-'.join(k) or 'default'}" for r, k in ROUTINGS])
@@ -131,6 +130,29 @@ def test_training_forward_rebuilds_the_compiled_rollout(model, tokenizer, routin
     if routing == "learned":
         torch.testing.assert_close(1 - scores.p_hard[compiled.decided], compiled.p_soft[compiled.decided],
                                    atol=1e-4, rtol=0)
+
+
+@pytest.mark.inductor
+def test_compiled_step_has_no_graph_break_and_is_reused(model, tokenizer):
+    torch._dynamo.reset()  # forget graphs compiled by earlier tests, so this one counts its own
+    counters.clear()
+    _, _, _, eager, compiled = run_both(model, tokenizer, "learned", seed=5)
+    assert counters["stats"]["unique_graphs"] == 1, "the step was not compiled, or compiled more than once"
+    assert not counters["graph_break"], dict(counters["graph_break"])  # fullgraph=True would also raise
+    graphs = counters["stats"]["unique_graphs"]
+    # a second rollout of the same shape (another prompt length in the same cache bucket, another seed)
+    # reuses the graph, and the engine's cache and buffers, reset
+    token_text, bias = tag_world(tokenizer, model)
+    enc = encode_prompts(tokenizer, ["another prompt, 27 chars...", "q", "and one more", "?"])
+    assert enc.input_ids.shape[1] != eager.prompt_ids.shape[1]
+    router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
+    out = {}
+    for engine in ("compiled", "eager"):
+        spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, engine=engine)
+        policy = policy_of(BiasedBackbone(model, bias), tokenizer, router, token_text=token_text)
+        out[engine] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=3)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert_same(out["eager"], out["compiled"])
 
 
 def test_a_rollout_reruns_identically_on_the_reused_engine(model, tokenizer):
@@ -423,30 +445,3 @@ def test_each_distinct_prompt_is_prefilled_once(model, tokenizer, monkeypatch):
     assert_same(eager, compiled)
     # exact: token ids; the copies sample apart after the prompt
     assert not torch.equal(compiled.token_ids[0], compiled.token_ids[1])
-
-
-@pytest.mark.inductor
-def test_compiled_step_has_no_graph_break_and_is_reused(model, tokenizer):
-    """One graph, no graph break, reused by a rollout of another prompt length in the same cache bucket. Each
-    architecture compiles the graph of its inductor trajectory test (INDUCTOR_ROUTING: the same graph, other
-    weights), which inductor's cache then serves: last in the module, so that the trajectory test has compiled it."""
-    routing = INDUCTOR_ROUTING[model.config.model_type]
-    torch._dynamo.reset()  # forget graphs compiled by earlier tests, so this one counts its own
-    counters.clear()
-    _, _, soft_input, eager, compiled = run_both(model, tokenizer, routing, seed=5)
-    assert counters["stats"]["unique_graphs"] == 1, "the step was not compiled, or compiled more than once"
-    assert not counters["graph_break"], dict(counters["graph_break"])  # fullgraph=True would also raise
-    graphs = counters["stats"]["unique_graphs"]
-    # a second rollout of the same shape (another prompt length in the same cache bucket, another seed)
-    # reuses the graph, and the engine's cache and buffers, reset
-    token_text, bias = tag_world(tokenizer, model)
-    enc = encode_prompts(tokenizer, ["another prompt, 27 chars...", "q", "and one more", "?"])
-    assert enc.input_ids.shape[1] != eager.prompt_ids.shape[1]
-    router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
-    out = {}
-    for engine in ("compiled", "eager"):
-        spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, routing=routing, engine=engine)
-        policy = policy_of(BiasedBackbone(model, bias), tokenizer, router, soft_input, token_text)
-        out[engine] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=3)
-    assert counters["stats"]["unique_graphs"] == graphs
-    assert_same(out["eager"], out["compiled"])
