@@ -26,31 +26,30 @@ if [ "$LAYER" = run ] && [ -f "$run_stamp" ] && [ "$(cat "$run_stamp")" = "$core
 fi
 "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "TARPO needs Python >= 3.11"'
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-# Every file compiled to bytecode at install time (pip's default), the side folders' too: where
+# Every install compiled to bytecode (pip's default), the side folders' below too: where
 # PYTHONDONTWRITEBYTECODE=1 is set (as on some CI machines) Python never writes it later, and every process then
 # compiled each module it imports from source
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
-install() { pip install "$@"; }
 
 # torch first, pinned to the CPU build unless the machine has CUDA: an unpinned torch
 # would pull several GB of CUDA libraries.
 torch_pin=$(grep -E '^torch==' requirements.txt)
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${torch_pin#torch==}')" 2>/dev/null; then
   if ls /opt/wheels/torch-"${torch_pin#torch==}"*cpu*.whl >/dev/null 2>&1; then
-    install --find-links /opt/wheels "$torch_pin"
+    pip install --find-links /opt/wheels "$torch_pin"
   elif command -v nvidia-smi >/dev/null 2>&1; then
-    install "$torch_pin"
+    pip install "$torch_pin"
   else
-    install "$torch_pin" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+    pip install "$torch_pin" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
   fi
 fi
 if [ ! -f "$run_stamp" ] || [ "$(cat "$run_stamp")" != "$core-${EXTRAS}" ]; then
-  install -r requirements.txt
+  pip install -r requirements.txt
   extras=$(echo ",$EXTRAS," | sed 's/,gpu,/,/g; s/^,*//; s/,*$//')  # gpu: not an extra, scripts/install_gpu.sh
   if [[ ",$EXTRAS," == *",gpu,"* ]]; then
     PYTHON="$VENV/bin/python" EXTRAS="$extras" bash scripts/install_gpu.sh
   else
-    install -e ".${extras:+[$extras]}"
+    pip install -e ".${extras:+[$extras]}"
   fi
   "$VENV/bin/python" -c "import tarpo, torch, trl, peft, transformers"
   echo "$core-$EXTRAS" > "$run_stamp"
