@@ -18,6 +18,7 @@ MAX_FUNCTION_LINES = 60  # a function's body, its docstring not counted, anywher
 LAYERS = [
     {"tarpo.config", "tarpo.method_fields", "tarpo.engineering_fields",  # the settings (TarpoConfig's field groups),
      "tarpo.algorithms", "tarpo.atomic_files", "tarpo.losses",  # routing and loss tables, the presets' architectures,
+     "tarpo.process_exit",  # a command's exit
      "tarpo.architectures", "tarpo.trl_fields"},  # TRL's inherited fields: no model code
     {"tarpo.engine", "tarpo.tasks"},                   # the rollout; data and grading
     {"tarpo.patches"},                                 # Unsloth's forward serving the engine

@@ -318,4 +318,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
+    from ..process_exit import skip_the_final_collection
+    skip_the_final_collection()
     main()

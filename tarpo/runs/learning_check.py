@@ -203,4 +203,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from ..process_exit import skip_the_final_collection
+    skip_the_final_collection()
     sys.exit(main())
