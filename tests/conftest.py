@@ -25,13 +25,6 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
 
-def pytest_itemcollected(item):
-    """A test module's ``INDUCTOR_IDS`` (parameter ids) marks those of its parametrised tests ``inductor``."""
-    ids = getattr(getattr(item, "module", None), "INDUCTOR_IDS", ())
-    if getattr(item, "callspec", None) is not None and f"{item.originalname}[{item.callspec.id}]" in ids:
-        item.add_marker(pytest.mark.inductor)
-
-
 # pytest-xdist (scripts/test.sh): a test module runs in one worker, which builds its module-scoped fixtures
 # once, except these, whose tests are independent and long (compiles), and go one by one to any worker;
 # the modules that start processes on gloo (accelerate's default port) run in one worker, in turn.

@@ -97,11 +97,10 @@ ROUTINGS = [
 ]
 
 
-# inductor's code for both architectures and both mixtures: Qwen2 with TARPO's top-k mixture, Llama with HRPO's
-# full-vocabulary one (each graph is 20-40 s of C++ generation and compilation on a cold cache, 2 cores); every
-# routing of both is compared under aot_eager, the same traced graph run without code generation (tests/conftest.py)
-INDUCTOR_IDS = {f"test_compiled_engine_draws_the_eager_trajectory_given_the_same_noise[{i}]" for i in (
-    "qwen2-learned-default", "llama-hrpo-default")}
+# Every routing of both architectures is compared with the eager engine under aot_eager, the same traced graph
+# run without code generation (tests/conftest.py); inductor's code runs in the one-graph test below for both
+# architectures and both mixtures (Qwen2 with TARPO's top-k mixture, Llama with HRPO's full-vocabulary one): a
+# graph is 20-40 s of C++ generation and compilation on a cold cache (2 cores), so each is compiled once
 
 
 @pytest.mark.parametrize("routing,kw", ROUTINGS, ids=[f"{r}-{'-'.join(k) or 'default'}" for r, k in ROUTINGS])
@@ -132,13 +131,22 @@ def test_training_forward_rebuilds_the_compiled_rollout(model, tokenizer, routin
                                    atol=1e-4, rtol=0)
 
 
+# the routing whose graph each architecture's inductor test compiles: both mixtures, TARPO's and HRPO's
+INDUCTOR_ROUTING = {"qwen2": "learned", "llama": "hrpo"}
+
+
 @pytest.mark.inductor
-def test_compiled_step_has_no_graph_break_and_is_reused(model, tokenizer):
+def test_compiled_step_has_no_graph_break_and_is_reused(model, tokenizer, arch):
+    """inductor's code: the step compiles to one graph without a break, draws the eager trajectory, and a second
+    rollout of another prompt length and seed reuses the graph and draws the eager trajectory again."""
+    routing = INDUCTOR_ROUTING[arch]
     torch._dynamo.reset()  # forget graphs compiled by earlier tests, so this one counts its own
     counters.clear()
-    _, _, _, eager, compiled = run_both(model, tokenizer, "learned", seed=5)
+    _, _, soft_input, eager, compiled = run_both(model, tokenizer, routing, seed=5)
     assert counters["stats"]["unique_graphs"] == 1, "the step was not compiled, or compiled more than once"
     assert not counters["graph_break"], dict(counters["graph_break"])  # fullgraph=True would also raise
+    assert_same(eager, compiled)
+    assert compiled.is_soft.any(), "the mixture's code ran"
     graphs = counters["stats"]["unique_graphs"]
     # a second rollout of the same shape (another prompt length in the same cache bucket, another seed)
     # reuses the graph, and the engine's cache and buffers, reset
@@ -148,8 +156,8 @@ def test_compiled_step_has_no_graph_break_and_is_reused(model, tokenizer):
     router = Router(model.config.hidden_size, bias=[0.0, 0.0], init_std=0.05)
     out = {}
     for engine in ("compiled", "eager"):
-        spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, engine=engine)
-        policy = policy_of(BiasedBackbone(model, bias), tokenizer, router, token_text=token_text)
+        spec = RolloutSpec(max_new_tokens=40, temperature=0.8, soft_top_k=5, routing=routing, engine=engine)
+        policy = policy_of(BiasedBackbone(model, bias), tokenizer, router, soft_input, token_text)
         out[engine] = hybrid_generate(policy, enc.input_ids, enc.attention_mask, spec, noise_seed=3)
     assert counters["stats"]["unique_graphs"] == graphs
     assert_same(out["eager"], out["compiled"])
