@@ -43,6 +43,38 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split(
     pip install "$torch_pin" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
   fi
 fi
+# The test layer's folders beside the environment need nothing of it but its pip, so they install on the second
+# core while the run layer installs (a fresh clone's set-up, 2-core AMD EPYC: 126 s one after the other, 72 s so).
+# The pinned Unsloth, kept OUT of the environment (importing it patches transformers process-wide)
+# in a folder of its own: tests/test_unsloth_cpu.py runs its Python code on the CPU in a subprocess.
+# triton is the version torch 2.13's CUDA wheel pins; unsloth_zoo imports it at top level.
+# The GPU machine's torch (2.11, CUDA build with stub CUDA libraries: a 506 MiB download, 1.1 GB on
+# disk) in a folder of its own: tests/test_torch_side.py runs the compiled engine's tests under it in a
+# subprocess. TARPO_TORCH_SIDE=0 leaves it out (the test then skips, saying so). A failed install leaves
+# .venv/torch-2.11.failed with the reason, and no stamp: the next run retries.
+side_pid="" side_wanted=0 side_want=$(cat scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py | sha256sum | cut -c1-16)
+if [[ "$LAYER" = dev && ",$EXTRAS," == *",dev,"* ]]; then
+  if [[ "${TARPO_TORCH_SIDE:-1}" != 0 ]] && { [ ! -d "$VENV/torch-2.11/torch" ] \
+      || [ "$(cat "$VENV/torch-2.11/.stamp" 2>/dev/null)" != "$side_want" ]; }; then
+    side_wanted=1
+  fi
+  side_log=$(mktemp)
+  (
+    set -e
+    if [[ ",$EXTRAS," != *",gpu,"* ]]; then
+      rm -rf "$VENV/unsloth-cpu.tmp"
+      "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps --target "$VENV/unsloth-cpu.tmp" \
+        -r requirements-unsloth.txt triton==3.7.1
+      rm -rf "$VENV/unsloth-cpu" && mv "$VENV/unsloth-cpu.tmp" "$VENV/unsloth-cpu"
+    fi
+    if [ "$side_wanted" = 1 ]; then
+      bash scripts/setup_torch_side.sh "$VENV/bin/python" "$VENV/torch-2.11" install || true  # finish says
+    fi
+  ) >"$side_log" 2>&1 &
+  side_pid=$!
+  stop_side() { local child; for child in $(pgrep -P "$1"); do stop_side "$child"; done; kill "$1" 2>/dev/null; }
+  trap 'rm -f "$side_log"; [ -z "$side_pid" ] || stop_side "$side_pid" || true' EXIT  # none left running
+fi
 if [ ! -f "$run_stamp" ] || [ "$(cat "$run_stamp")" != "$core-${EXTRAS}" ]; then
   pip install -r requirements.txt
   extras=$(echo ",$EXTRAS," | sed 's/,gpu,/,/g; s/^,*//; s/,*$//')  # gpu: not an extra, scripts/install_gpu.sh
@@ -58,23 +90,13 @@ if [ "$LAYER" = run ]; then
   echo "environment ready: $VENV (torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'))"
   exit 0
 fi
-# The pinned Unsloth, kept OUT of the environment (importing it patches transformers process-wide)
-# in a folder of its own: tests/test_unsloth_cpu.py runs its Python code on the CPU in a subprocess.
-# triton is the version torch 2.13's CUDA wheel pins; unsloth_zoo imports it at top level.
-if [[ ",$EXTRAS," == *",dev,"* && ",$EXTRAS," != *",gpu,"* ]]; then
-  rm -rf "$VENV/unsloth-cpu.tmp"
-  "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps --target "$VENV/unsloth-cpu.tmp" \
-    -r requirements-unsloth.txt triton==3.7.1
-  rm -rf "$VENV/unsloth-cpu" && mv "$VENV/unsloth-cpu.tmp" "$VENV/unsloth-cpu"
-fi
-# The GPU machine's torch (2.11, CUDA build with stub CUDA libraries: a 506 MiB download, 1.1 GB on
-# disk, about 2 min) in a folder of its own: tests/test_torch_side.py runs the compiled engine's
-# tests under it in a subprocess. TARPO_TORCH_SIDE=0 leaves it out (the test then skips, saying so).
-# A failed install leaves .venv/torch-2.11.failed with the reason, and no stamp: the next run retries.
-side_ok=1 side_want=$(cat scripts/setup_torch_side.sh scripts/torch_cuda_stubs.py | sha256sum | cut -c1-16)
-if [[ ",$EXTRAS," == *",dev,"* && "${TARPO_TORCH_SIDE:-1}" != 0 ]]; then
-  if [ ! -d "$VENV/torch-2.11/torch" ] || [ "$(cat "$VENV/torch-2.11/.stamp" 2>/dev/null)" != "$side_want" ]; then
-    if bash scripts/setup_torch_side.sh "$VENV/bin/python" "$VENV/torch-2.11"; then
+side_ok=1
+if [ -n "$side_pid" ]; then  # the folders beside the environment (above), installed while the run layer was
+  status=0 && wait "$side_pid" || status=$?
+  side_pid="" && cat "$side_log"
+  [ "$status" = 0 ] || { echo "setup_env: the test layer's install failed (above)" >&2; exit 1; }
+  if [ "$side_wanted" = 1 ]; then  # torch 2.11's check imports the environment's packages: after the run layer
+    if bash scripts/setup_torch_side.sh "$VENV/bin/python" "$VENV/torch-2.11" finish; then
       echo "$side_want" > "$VENV/torch-2.11/.stamp"
     else
       side_ok=0
