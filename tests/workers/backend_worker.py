@@ -257,4 +257,6 @@ def compare(cand: dict, ref: dict) -> dict:
 
 
 if __name__ == "__main__":
+    from tarpo.process_exit import skip_the_final_collection
+    skip_the_final_collection()  # as the project's commands: no last collection over the imports
     sys.exit(main())

@@ -265,4 +265,6 @@ def main(plan_path: str, result_path: str) -> None:
 
 
 if __name__ == "__main__":
+    from tarpo.process_exit import skip_the_final_collection
+    skip_the_final_collection()  # as the project's commands: no last collection over the imports
     main(sys.argv[1], sys.argv[2])

@@ -108,4 +108,6 @@ def main(out, c):
 
 
 if __name__ == "__main__":
+    from tarpo.process_exit import skip_the_final_collection
+    skip_the_final_collection()  # as the project's commands: no last collection over the imports
     main(sys.argv[1], json.loads(sys.argv[2]))

@@ -42,4 +42,6 @@ def main():
 
 
 if __name__ == "__main__":
+    from tarpo.process_exit import skip_the_final_collection
+    skip_the_final_collection()  # as the project's commands: no last collection over the imports
     main()

@@ -82,4 +82,6 @@ def main(out):
 
 
 if __name__ == "__main__":
+    from tarpo.process_exit import skip_the_final_collection
+    skip_the_final_collection()  # as the project's commands: no last collection over the imports
     sys.exit(main(sys.argv[1]))

@@ -76,4 +76,6 @@ def main(model_dir, adapter, out, repeated):
 
 
 if __name__ == "__main__":
+    from tarpo.process_exit import skip_the_final_collection
+    skip_the_final_collection()  # as the project's commands: no last collection over the imports
     sys.exit(main(*sys.argv[1:4], repeated="--repeated" in sys.argv[4:]))
