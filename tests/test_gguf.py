@@ -265,3 +265,38 @@ def test_a_folder_of_another_pin_is_refused_naming_the_command(monkeypatch, tmp_
     assert launch.main(["gsm8k"]) == 2
     err = capsys.readouterr().err
     assert "was made from another pin or by an earlier version: run python -m tarpo.models.offline smollm2-135m" in err
+
+
+def test_a_conversion_parses_the_file_once(tmp_path, monkeypatch):
+    """transformers parses a GGUF file anew in each of its loads (tokenizer, config, weights: about 2.5 s each for
+    SmolLM2-135M): within :func:`tarpo.models.gguf.convert` the file is parsed once and its reader shared
+    (``parsed_once``), and the gguf package's own reader is back afterwards. The loads are stood in for by ones that
+    parse the file as transformers' ``load_gguf_checkpoint`` does, twice each (config and tensors)."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from tarpo.models.gguf import convert
+
+    path = write_gguf(tmp_path / "m.gguf")
+    parses = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, file, mode="r"):
+            parses.append(file)
+            super().__init__(file, mode)
+
+    class Loaded(SimpleNamespace):
+        def save_pretrained(self, out):
+            pass
+
+    def load(folder, gguf_file, **kwargs):
+        for _ in range(2):
+            gguf.GGUFReader(os.path.join(folder, gguf_file))  # as transformers: `from gguf import GGUFReader`
+        return Loaded(config=SimpleNamespace(), generation_config=SimpleNamespace())
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", load)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    convert(path, {}, str(tmp_path / "out"))
+    assert parses == [path] and gguf.GGUFReader is CountingReader
