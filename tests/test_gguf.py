@@ -276,7 +276,7 @@ def test_a_conversion_parses_the_file_once(tmp_path, monkeypatch):
 
     import transformers
 
-    from tarpo.models.gguf import convert
+    from tarpo.models.gguf import convert, parsed_once
 
     path = write_gguf(tmp_path / "m.gguf")
     parses = []
@@ -299,4 +299,8 @@ def test_a_conversion_parses_the_file_once(tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", load)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
     convert(path, {}, str(tmp_path / "out"))
+    assert parses == [path] and gguf.GGUFReader is CountingReader
+    parses.clear()
+    with parsed_once():  # as tarpo.models.offline.prepare and gguf_folder: the check's reader serves the conversion
+        convert(path, check_gguf(path, "MODEL"), str(tmp_path / "again"))
     assert parses == [path] and gguf.GGUFReader is CountingReader

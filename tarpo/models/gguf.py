@@ -165,7 +165,8 @@ def gguf_folder(path: str, cache_dir: str = CACHE_DIR, label: str = "MODEL") -> 
     if not os.path.isfile(os.path.join(final, "config.json")):
         with conversion_lock(final, f"{label}={path}"):
             if not os.path.isfile(os.path.join(final, "config.json")):  # not made while this process waited
-                write_folder(path, check_gguf(path, f"{label}={path}", chat=False), final)
+                with parsed_once():
+                    write_folder(path, check_gguf(path, f"{label}={path}", chat=False), final)
     return final
 
 
@@ -222,10 +223,14 @@ def convert(path: str, facts: dict, out: str) -> None:
 def parsed_once():
     """While active, ``gguf.GGUFReader`` returns one reader per file: transformers parses a GGUF file anew for each
     of its loads (the tokenizer, the config, the weights), about 2.5 s each for SmolLM2-135M (its 49k-token
-    vocabulary; 2-core AMD EPYC). A reader only reads its file (a read-only memory map), so one serves all three."""
+    vocabulary; 2-core AMD EPYC), and :func:`check_gguf` once more before. A reader only reads its file (a read-only
+    memory map), so one serves them all."""
     import gguf
 
     original, readers = gguf.GGUFReader, {}
+    if getattr(original, "shares_readers", False):  # inside another: its readers serve
+        yield
+        return
 
     def reader(path, mode="r"):
         key = (os.path.realpath(path), mode)
@@ -233,6 +238,7 @@ def parsed_once():
             readers[key] = original(path, mode)
         return readers[key]
 
+    reader.shares_readers = True
     gguf.GGUFReader = reader
     try:
         yield

