@@ -58,7 +58,7 @@ class HeldStorage(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.held, self.peak = {}, 0
+        self.held, self.sizes, self.now, self.peak = {}, {}, 0, 0
 
     def __enter__(self):
         gc.collect()
@@ -71,28 +71,37 @@ class HeldStorage(TorchDispatchMode):
         return super().__enter__()
 
     def _hold(self, t):
+        """The storage of ``t``, held (weakly) from now on; None for a tensor without one (meta, fake)."""
         try:
             storage = _storage(t)
-        except (RuntimeError, NotImplementedError):  # a tensor without storage (meta, fake)
-            return
+        except (RuntimeError, NotImplementedError):
+            return None
         if id(storage) not in self.held:
             self.held[id(storage)] = weakref.ref(storage)
+        return storage
 
     def _count(self):
-        now = 0
+        """Every held storage's size read again (FSDP2's resizes and the storages freed since the last operation)."""
+        now, sizes = 0, {}
         for key, ref in list(self.held.items()):
             storage = ref()
             if storage is None:
                 del self.held[key]
             else:
-                now += storage.nbytes()
+                sizes[key] = size = storage.nbytes()
+                now += size
+        self.sizes, self.now = sizes, now
         self.peak = max(self.peak, now)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self._count()  # before: sizes changed by resizes since the last operation
         out = func(*args, **(kwargs or {}))
+        # after: an operation changes only the storages it is given or returns (made, written, resized), so only
+        # theirs are read again (a second full count, as before, read the same total at twice the cost)
         for t in tree_flatten((args, kwargs, out))[0]:
-            if isinstance(t, torch.Tensor):
-                self._hold(t)
-        self._count()
+            if isinstance(t, torch.Tensor) and (storage := self._hold(t)) is not None:
+                size = storage.nbytes()
+                self.now += size - self.sizes.get(id(storage), 0)
+                self.sizes[id(storage)] = size
+        self.peak = max(self.peak, self.now)
         return out
