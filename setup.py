@@ -26,7 +26,7 @@ setup(
     package_dir={"tarpo.patches": "patches"},  # patches/ installs as tarpo.patches, never as `patches`
     package_data={"tarpo": ["resources/*.json"]},
     install_requires=requirements,
-    entry_points={"console_scripts": ["tarpo = tarpo.cli:main"]},
+    entry_points={"console_scripts": ["tarpo = tarpo.cli.__main__:command"]},
     # Unsloth is not an extra: its declared torchvision and xformers would replace the installed torch;
     # scripts/install_gpu.sh installs it (requirements-gpu.txt, requirements-unsloth.txt, docs/gpu-install.md)
     extras_require={

@@ -36,9 +36,10 @@ rm -rf "$DEST.partial" "$DEST.failed"
 # what a CPU run never reads: CUDA headers and static libraries
 rm -rf "$DEST.partial"/nvidia/cu13/include "$DEST.partial"/nvidia/cu13/lib/*.a
 "$PY" scripts/torch_cuda_stubs.py "$DEST.partial" >"$log" 2>&1 || fail "torch_cuda_stubs.py failed"
-# bytecode on every core (pip compiles on one), the paths as after the rename: a process under this torch would
-# otherwise compile each module it imports from source where PYTHONDONTWRITEBYTECODE=1 is set
-"$PY" -m compileall -qq -j 0 -s "$DEST.partial" -p "$DEST" "$DEST.partial" >/dev/null 2>&1 || true
+# bytecode on every core (pip compiles on one): a process under this torch would otherwise compile each module it
+# imports from source where PYTHONDONTWRITEBYTECODE=1 is set (a file that does not compile is left as pip leaves it)
+"$PY" -m compileall -qq -j 0 "$DEST.partial" >/dev/null 2>&1 || "$PY" -m compileall -qq "$DEST.partial" >/dev/null 2>&1 \
+  || true
 fi
 [ "$PHASE" = install ] && exit 0
 if [ ! -d "$DEST.partial" ]; then  # the install phase failed (it said why, and DEST.failed keeps it) or never ran

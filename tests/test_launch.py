@@ -604,4 +604,10 @@ def test_a_command_ends_without_the_final_collection_over_what_it_made(asked):
     for path in COMMANDS:
         text = open(os.path.join(ROOT, path)).read()
         main = text[text.index('if __name__ == "__main__":'):].splitlines()
-        assert "skip_the_final_collection()" in main[2], (path, main[:3])
+        # first in the block, or through the console script's entry point, which calls it first
+        assert main[1].strip() == "sys.exit(command())" or "skip_the_final_collection()" in main[2], (path, main[:3])
+    assert '"tarpo = tarpo.cli.__main__:command"' in open(os.path.join(ROOT, "setup.py")).read()  # the console script
+    import inspect
+
+    from tarpo.cli.__main__ import command
+    assert "skip_the_final_collection()" in inspect.getsource(command).splitlines()[4]  # before main()

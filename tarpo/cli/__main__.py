@@ -4,7 +4,14 @@ import sys
 
 from . import main
 
-if __name__ == "__main__":  # a worker process that re-imports the main module runs nothing
+
+def command() -> int:
+    """The ``tarpo`` command in a process of its own (the console script's entry point, and ``python -m``): it
+    ends without the last collection over its imports (tarpo.process_exit)."""
     from ..process_exit import skip_the_final_collection
     skip_the_final_collection()
-    sys.exit(main())
+    return main()
+
+
+if __name__ == "__main__":  # a worker process that re-imports the main module runs nothing
+    sys.exit(command())

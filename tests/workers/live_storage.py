@@ -76,7 +76,8 @@ class HeldStorage(TorchDispatchMode):
             storage = _storage(t)
         except (RuntimeError, NotImplementedError):
             return None
-        if id(storage) not in self.held:
+        ref = self.held.get(id(storage))
+        if ref is None or ref() is not storage:  # new, or a dead storage's id taken by this one
             self.held[id(storage)] = weakref.ref(storage)
         return storage
 
