@@ -99,7 +99,6 @@ if [[ "$LAYER" = dev && ",$EXTRAS," == *",dev,"* ]]; then
   trap 'exit 130' INT
   trap 'exit 143' TERM
   trap 'exit 129' HUP
-
 fi
 if [ ! -f "$run_stamp" ] || [ "$(cat "$run_stamp")" != "$core-${EXTRAS}" ]; then
   pip install --no-compile -r requirements.txt

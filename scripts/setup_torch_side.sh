@@ -29,21 +29,24 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 fail() { { echo "$*"; tail -n 20 "$log"; } >"$DEST.failed"; rm -rf "$DEST.partial"; echo "setup_torch_side: $*" >&2; exit 1; }
 if [ "$PHASE" != finish ]; then
-rm -rf "$DEST.partial" "$DEST.failed"
-"$PY" -m pip --disable-pip-version-check -q install --no-compile --no-deps --only-binary=:all: \
-  --target "$DEST.partial" "torch==$TORCH" "nvidia-cuda-runtime==$CUDART" "setuptools==$SETUPTOOLS" >"$log" 2>&1 \
-  || fail "pip could not install torch==$TORCH, nvidia-cuda-runtime==$CUDART, setuptools==$SETUPTOOLS"
-# what a CPU run never reads: CUDA headers and static libraries
-rm -rf "$DEST.partial"/nvidia/cu13/include "$DEST.partial"/nvidia/cu13/lib/*.a
-"$PY" scripts/torch_cuda_stubs.py "$DEST.partial" >"$log" 2>&1 || fail "torch_cuda_stubs.py failed"
-# bytecode on every core (pip compiles on one): a process under this torch would otherwise compile each module it
-# imports from source where PYTHONDONTWRITEBYTECODE=1 is set (a file that does not compile is left as pip leaves it)
-"$PY" -m compileall -qq -j 0 "$DEST.partial" >/dev/null 2>&1 || "$PY" -m compileall -qq "$DEST.partial" >/dev/null 2>&1 \
-  || true
+  rm -rf "$DEST.partial" "$DEST.failed"
+  "$PY" -m pip --disable-pip-version-check -q install --no-compile --no-deps --only-binary=:all: \
+    --target "$DEST.partial" "torch==$TORCH" "nvidia-cuda-runtime==$CUDART" "setuptools==$SETUPTOOLS" >"$log" 2>&1 \
+    || fail "pip could not install torch==$TORCH, nvidia-cuda-runtime==$CUDART, setuptools==$SETUPTOOLS"
+  # what a CPU run never reads: CUDA headers and static libraries
+  rm -rf "$DEST.partial"/nvidia/cu13/include "$DEST.partial"/nvidia/cu13/lib/*.a
+  "$PY" scripts/torch_cuda_stubs.py "$DEST.partial" >"$log" 2>&1 || fail "torch_cuda_stubs.py failed"
+  # bytecode on every core (pip compiles on one): a process under this torch would otherwise compile each module it
+  # imports from source where PYTHONDONTWRITEBYTECODE=1 is set (a file that does not compile is left as pip leaves it)
+  "$PY" -m compileall -qq -j 0 "$DEST.partial" >/dev/null 2>&1 \
+    || "$PY" -m compileall -qq "$DEST.partial" >/dev/null 2>&1 || true
 fi
 [ "$PHASE" = install ] && exit 0
 if [ ! -d "$DEST.partial" ]; then  # the install phase failed (it said why, and DEST.failed keeps it) or never ran
-  [ -f "$DEST.failed" ] || { echo "the install phase did not run" >"$DEST.failed"; echo "setup_torch_side: $(cat "$DEST.failed")" >&2; }
+  if [ ! -f "$DEST.failed" ]; then
+    echo "the install phase did not run" >"$DEST.failed"
+    echo "setup_torch_side: $(cat "$DEST.failed")" >&2
+  fi
   exit 1
 fi
 (cd /tmp && PYTHONPATH="$DEST.partial" "$PY" -c "

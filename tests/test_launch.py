@@ -1,5 +1,6 @@
 """The launchers (run_*.sh): resolved configurations, CPU refusal, one end-to-end run; plot and case."""
 
+import inspect
 import json
 import os
 import re
@@ -607,7 +608,5 @@ def test_a_command_ends_without_the_final_collection_over_what_it_made(asked):
         # first in the block, or through the console script's entry point, which calls it first
         assert main[1].strip() == "sys.exit(command())" or "skip_the_final_collection()" in main[2], (path, main[:3])
     assert '"tarpo = tarpo.cli.__main__:command"' in open(os.path.join(ROOT, "setup.py")).read()  # the console script
-    import inspect
-
     from tarpo.cli.__main__ import command
     assert "skip_the_final_collection()" in inspect.getsource(command).splitlines()[4]  # before main()
